@@ -1,0 +1,47 @@
+"""FedAvg (McMahan et al. 2017) with a plain GCN: one global model for everyone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn.gcn import GCN
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .supervised import SupervisedTrainer
+
+
+class GCNTrainer(SupervisedTrainer):
+    """Plain GCN trained with cross-entropy; the whole model is shared."""
+
+    @classmethod
+    def build_model(cls, num_features: int, num_classes: int, config: Config) -> GCN:
+        return GCN(num_features, int(config["hidden"]), num_classes,
+                   num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
+
+
+def weighted_average(updates: dict[int, ClientUpdate], weighting: str) -> Arrays:
+    """Average every uploaded array over clients, by train-node count or uniformly."""
+    ids = sorted(updates)
+    if weighting == "train":
+        w = np.array([updates[c].num_train for c in ids], dtype=np.float64)
+    elif weighting == "uniform":
+        w = np.ones(len(ids))
+    else:
+        raise ValueError(f"unknown fedavg-weighting {weighting!r}; valid: train, uniform")
+    w = w / w.sum()
+    names = updates[ids[0]].arrays.keys()
+    return {
+        name: np.tensordot(w, np.stack([updates[c].arrays[name] for c in ids]), axes=1).astype(
+            updates[ids[0]].arrays[name].dtype)
+        for name in names
+    }
+
+
+class FedAvgAggregator(Aggregator):
+    """θ = Σ_k w_k θ_k with w_k ∝ training nodes (``fedavg-weighting=train``) or 1/K."""
+
+    def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        global_arrays = weighted_average(updates, str(self.config.get("fedavg-weighting", "train")))
+        return AggregateResult(payloads={c: global_arrays for c in updates})
+
+
+CONFIG_DEFAULTS = {"fedavg-weighting": "train"}

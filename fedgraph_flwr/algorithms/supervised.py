@@ -1,0 +1,124 @@
+"""A full-batch supervised trainer that most algorithms specialise.
+
+Subclasses provide :meth:`build_model` and, where needed, ``local_keys`` (name
+fragments of parameters that never leave the client and are never overwritten
+by the server), :meth:`extra_loss` (proximal or sparsity terms) and
+:meth:`signature`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.data import Data
+
+from ..metrics import score
+from .base import Arrays, ClientTrainer, Config
+
+
+def resolve_metric(config: Config, num_classes: int) -> str:
+    """``metric=auto`` means ROC-AUC for binary tasks, accuracy otherwise."""
+    metric = str(config.get("metric", "auto"))
+    if metric == "auto":
+        return "roc_auc" if num_classes == 2 else "accuracy"
+    return metric
+
+
+class SupervisedTrainer(ClientTrainer):
+    """Adam on cross-entropy over the client's training nodes, full batch."""
+
+    local_keys: tuple[str, ...] = ()
+
+    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+        super().__init__(data, config, num_classes, device)
+        # Same seed everywhere: every client (and the server) builds the same initial model.
+        torch.manual_seed(int(config["seed"]))
+        self.model = self.build_model(data.num_features, num_classes, config).to(device)
+        self.optimizer = self.build_optimizer()
+        self.metric = resolve_metric(config, num_classes)
+
+    # --- what subclasses specialise -------------------------------------------------
+    @classmethod
+    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
+        raise NotImplementedError
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(
+            self.model.parameters(), lr=float(self.config["lr"]),
+            weight_decay=float(self.config["weight-decay"]),
+        )
+
+    def forward(self) -> torch.Tensor:
+        """Logits [n, C] for every node of the client."""
+        return self.model(self.data.x, self.data.edge_index)
+
+    def extra_loss(self) -> torch.Tensor | float:
+        """Added to the cross-entropy each step (proximal, sparsity, ...)."""
+        return 0.0
+
+    def is_local(self, name: str) -> bool:
+        return any(fragment in name for fragment in self.local_keys)
+
+    # --- ClientTrainer ----------------------------------------------------------------
+    @classmethod
+    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+        torch.manual_seed(int(config["seed"]))
+        model = cls.build_model(num_features, num_classes, config)
+        return {
+            k: v.detach().cpu().numpy()
+            for k, v in model.state_dict().items()
+            if not any(f in k for f in cls.local_keys)
+        }
+
+    def load_payload(self, arrays: Arrays) -> None:
+        state = self.model.state_dict()
+        for name, value in arrays.items():
+            if name in state and not self.is_local(name):
+                state[name].copy_(torch.as_tensor(value))
+
+    def train(self, epochs: int) -> dict[str, float]:
+        self.model.train()
+        data = self.data
+        loss_value = float("nan")
+        for _ in range(epochs):
+            self.optimizer.zero_grad()
+            logits = self.forward()
+            loss = F.cross_entropy(logits[data.train_mask], data.y[data.train_mask])
+            loss = loss + self.extra_loss()
+            loss.backward()
+            self.optimizer.step()
+            loss_value = float(loss.detach())
+        return {"train_loss": loss_value}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        data = self.data
+        logits = self.forward()
+        val_loss = (
+            float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
+            if int(data.val_mask.sum()) else float("nan")
+        )
+        return {
+            "val_loss": val_loss,
+            "train_metric": score(logits, data.y, data.train_mask, self.metric),
+            "val_metric": score(logits, data.y, data.val_mask, self.metric),
+            "test_metric": score(logits, data.y, data.test_mask, self.metric),
+        }
+
+    def upload(self) -> Arrays:
+        return {
+            k: v.detach().cpu().numpy()
+            for k, v in self.model.state_dict().items()
+            if not self.is_local(k)
+        }
+
+    def local_state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,217 @@
+"""Run configuration: defaults, YAML files, overrides, and validation before any training.
+
+Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``. The
+single source of the defaults is :data:`COMMON_DEFAULTS` plus each registered
+algorithm's ``config_defaults``; ``pyproject.toml`` mirrors them (a test checks).
+
+Precedence: defaults < ``config-file`` YAML < explicit run-config overrides. Flower
+hands the ServerApp the pyproject defaults merged with ``--run-config``, so a
+run-config value counts as explicit when it differs from the default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .algorithms import ALGORITHMS, get_algorithm
+
+COMMON_DEFAULTS: dict[str, Any] = {
+    # what to run
+    "algorithm": "fedaux",
+    "dataset": "Cora",
+    "num-clients": 10,
+    "partition": "metis",
+    "partition-dir": "",
+    "rounds": 100,
+    "local-epochs": 1,
+    "fraction": 1.0,
+    # model and optimiser
+    "lr": 0.01,
+    "weight-decay": 1e-6,
+    "hidden": 256,
+    "num-layers": 2,
+    "dropout": 0.5,
+    "metric": "auto",
+    # seeds: model/training seed, and the data seeds of the papers' protocol
+    "seed": 0,
+    "split-seed": 1234,
+    "partition-seed": 1234,
+    # where things live
+    "data-root": "",
+    "output-dir": "outputs",
+    "run-name": "",
+    "config-file": "",
+    # engine behaviour
+    "round-timeout": 120.0,
+    "handshake-timeout": 600.0,
+    "min-clients": 0,
+    "fail-fast": False,
+    "resume": False,
+    "client-state": "context",
+    "client-state-dir": "",
+    "max-array-bytes": 512 * 1024 * 1024,
+    "verbose": True,
+}
+
+PARTITIONS = ("metis", "metis-overlapping", "louvain", "files")
+CLIENT_STATE_MODES = ("context", "file")
+
+
+class ConfigError(ValueError):
+    """A one-line problem with the run configuration."""
+
+
+def all_defaults() -> dict[str, Any]:
+    """Common defaults plus every registered algorithm's own keys."""
+    out = dict(COMMON_DEFAULTS)
+    for algo in ALGORITHMS.values():
+        for key, value in algo.config_defaults.items():
+            if key in out and out[key] != value:
+                raise RuntimeError(f"algorithm {algo.name!r} redefines default of {key!r}")
+            out[key] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a flat YAML mapping of run-config keys."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"config-file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config-file {str(p)!r} is not valid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config-file {str(p)!r} must hold a mapping of run-config keys")
+    return data
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Coerce ``value`` to the type of ``default`` (bool, int, float, str)."""
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{key}={value!r} is not a valid {type(default).__name__}"
+        ) from None
+
+
+def resolve_config(
+    run_config: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Merge defaults, the YAML ``config-file`` and overrides; validate; return a dict.
+
+    ``run_config`` is Flower's ``context.run_config``; ``overrides`` are applied
+    last (used by tests and the experiment runner).
+    """
+    defaults = all_defaults()
+    explicit: dict[str, Any] = {}
+    for source in (run_config or {}), (overrides or {}):
+        for key, value in source.items():
+            if key not in defaults:
+                raise ConfigError(_unknown_key(key, defaults))
+            if source is overrides or value != defaults[key]:
+                explicit[key] = value
+    config = dict(defaults)
+    config_file = explicit.get("config-file", "")
+    if config_file:
+        for key, value in load_yaml(config_file).items():
+            if key not in defaults:
+                raise ConfigError(f"config-file {config_file}: " + _unknown_key(key, defaults))
+            config[key] = value
+    config.update(explicit)
+    config = {k: _coerce(k, v, defaults[k]) for k, v in config.items()}
+    validate(config)
+    return config
+
+
+def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
+    return f"unknown config key {key!r}; valid keys: {', '.join(sorted(defaults))}"
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """Check everything that can be checked without data; raise ConfigError."""
+    get_algorithm_or_fail(config["algorithm"])
+    from .data.datasets import DATASETS  # local import: data pulls in heavy PyG modules
+
+    if config["partition"] != "files" and config["dataset"] not in DATASETS:
+        raise ConfigError(
+            f"unknown dataset {config['dataset']!r}; valid: {', '.join(sorted(DATASETS))}"
+        )
+    if config["partition"] not in PARTITIONS:
+        raise ConfigError(
+            f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"
+        )
+    if config["partition"] == "files" and not config["partition-dir"]:
+        raise ConfigError("partition=files needs partition-dir=<folder of client_<i> files>")
+    for key in ("rounds", "local-epochs", "num-clients", "hidden", "num-layers"):
+        if config[key] <= 0:
+            raise ConfigError(f"{key} must be positive, got {config[key]}")
+    for key in ("lr", "round-timeout", "handshake-timeout"):
+        if not config[key] > 0:
+            raise ConfigError(f"{key} must be positive, got {config[key]}")
+    if config["weight-decay"] < 0:
+        raise ConfigError(f"weight-decay must be >= 0, got {config['weight-decay']}")
+    if not 0.0 <= config["dropout"] < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {config['dropout']}")
+    if not 0.0 < config["fraction"] <= 1.0:
+        raise ConfigError(f"fraction must be in (0, 1], got {config['fraction']}")
+    if config["min-clients"] < 0 or config["min-clients"] > config["num-clients"]:
+        raise ConfigError(
+            f"min-clients must be in [0, num-clients={config['num-clients']}], "
+            f"got {config['min-clients']}"
+        )
+    if config["metric"] not in ("auto", "accuracy", "roc_auc"):
+        raise ConfigError(f"unknown metric {config['metric']!r}; valid: auto, accuracy, roc_auc")
+    if config["client-state"] not in CLIENT_STATE_MODES:
+        raise ConfigError(
+            f"unknown client-state {config['client-state']!r}; valid: {', '.join(CLIENT_STATE_MODES)}"
+        )
+    if config["run-name"] and not re.fullmatch(r"[A-Za-z0-9._-]+", config["run-name"]):
+        raise ConfigError(f"run-name {config['run-name']!r} may hold only letters, digits, . _ -")
+
+
+def get_algorithm_or_fail(name: str):
+    try:
+        return get_algorithm(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def data_root(config: Mapping[str, Any]) -> Path:
+    """``data-root`` if set, else env FEDGRAPH_DATA_ROOT, else a user cache dir."""
+    if config.get("data-root"):
+        return Path(str(config["data-root"])).expanduser()
+    env = os.environ.get("FEDGRAPH_DATA_ROOT")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedgraph-flwr"
+
+
+def default_run_name(config: Mapping[str, Any]) -> str:
+    """A readable, deterministic name for a run's output folder."""
+    return (
+        f"{config['algorithm']}-{config['dataset']}-{config['partition']}"
+        f"{config['num-clients']}-seed{config['seed']}"
+    )

@@ -1,0 +1,125 @@
+"""The Flower ClientApp: records in, :mod:`client_runtime` does the work, records out.
+
+Messages handled:
+
+- ``query`` (handshake): in ``config`` the run config; out ``info``
+  (ConfigRecord of scalar facts: partition-id, num-nodes, num-features, ...).
+- ``train``: in ``arrays`` (this client's personalized payload) and ``config``;
+  out ``arrays`` (uploaded parameters) and ``metrics`` (metrics, timings, signature).
+
+Failures reply with an error message (code below, one-line reason) instead of
+raising, so the server hears of them at once rather than at the round timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..config import data_root
+from . import client_runtime as rt
+from .records import from_array_record, to_array_record, to_metric_record
+
+ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
+ERROR_TRAIN = 4002  # the trainer raised
+STATE_KEY = "fedgraph-state"
+
+
+def _error_reply(message: Message, code: int, exc: BaseException) -> Message:
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return Message(Error(code=code, reason=reason), reply_to=message)
+
+
+def _config(message: Message) -> dict[str, Any]:
+    return dict(message.content["config"])
+
+
+def _identity_and_data(message: Message, context: Context):
+    config = _config(message)
+    identity = rt.identify(dict(context.node_config), config)
+    data, num_classes = rt.load_client_data(identity, config)
+    return config, identity, data, num_classes
+
+
+def _state_file(config: dict[str, Any], partition_id: int) -> Path:
+    folder = config.get("client-state-dir") or (
+        data_root(config) / "client-state" / str(config["run-name"]))
+    return Path(str(folder)).expanduser() / f"client_{partition_id}.pt"
+
+
+def load_state(config: dict[str, Any], context: Context, partition_id: int) -> bytes | None:
+    """The client's state from its last round: in ``context.state`` or a per-client file."""
+    if config["client-state"] == "file":
+        path = _state_file(config, partition_id)
+        return path.read_bytes() if path.is_file() else None
+    record = context.state.get(STATE_KEY)
+    if record is None:
+        return None
+    return record["blob"].numpy().tobytes()
+
+
+def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes) -> None:
+    if config["client-state"] == "file":
+        path = _state_file(config, partition_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+        return
+    context.state[STATE_KEY] = to_array_record({"blob": np.frombuffer(blob, dtype=np.uint8)})
+
+
+def handshake(message: Message, context: Context) -> Message:
+    """Load (and validate) the subgraph; report scalar facts about it."""
+    try:
+        _, identity, data, num_classes = _identity_and_data(message, context)
+    except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
+        return _error_reply(message, ERROR_DATA, exc)
+    info = rt.describe(data, num_classes, identity, rt.pick_device())
+    return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
+
+
+def train(message: Message, context: Context) -> Message:
+    """One round of local training on the personalized payload."""
+    t0 = time.perf_counter()
+    try:
+        config, identity, data, _ = _identity_and_data(message, context)
+    except Exception as exc:  # noqa: BLE001
+        return _error_reply(message, ERROR_DATA, exc)
+    try:
+        payload = from_array_record(message.content["arrays"])
+        state = load_state(config, context, identity.partition_id)
+        out = rt.train_round(
+            data, int(config["num-classes-global"]), config, payload, state,
+            int(config["server-round"]), identity.partition_id,
+        )
+        save_state(config, context, identity.partition_id, out.state)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        return _error_reply(message, ERROR_TRAIN, exc)
+    metrics = dict(out.metrics)
+    metrics.update(out.timings)
+    metrics["partition-id"] = identity.partition_id
+    metrics["state-bytes"] = len(out.state)
+    metrics["time-client"] = time.perf_counter() - t0
+    content = RecordDict({"arrays": to_array_record(out.upload),
+                          "metrics": to_metric_record(metrics, out.signature)})
+    return Message(content, reply_to=message)
+
+
+def make_client_app() -> ClientApp:
+    """The ClientApp every SuperNode runs."""
+    app = ClientApp()
+    app.query()(handshake)
+    app.train()(train)
+    return app
+
+
+__all__ = ["make_client_app", "handshake", "train"]

@@ -1,0 +1,44 @@
+"""The Flower ServerApp: resolve and validate the config, then run the strategy."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from ..config import ConfigError, resolve_config
+from .strategy import PersonalizedStrategy, RunAborted
+
+logger = logging.getLogger("fedgraph_flwr")
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_server(grid: Grid, run_config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None):
+    """Validate everything before any training, then run the federation."""
+    config = resolve_config(run_config, overrides)
+    strategy = PersonalizedStrategy(config, log=_log)
+    strategy.start(grid)
+    return strategy
+
+
+def make_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
+    """The ServerApp; ``overrides`` apply on top of the run config (tests, runners)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run_server(grid, dict(context.run_config), overrides)
+        except (ConfigError, RunAborted) as exc:
+            # One line, no traceback: the message says what is wrong and how to fix it.
+            print(f"fedgraph-flwr: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    return app

@@ -1,0 +1,1 @@
+"""GNN layers and models (plain torch / PyG)."""
