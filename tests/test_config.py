@@ -1,0 +1,70 @@
+"""Run-config resolution and validation: every bad input is a one-line ConfigError."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedgraph_flwr.config import ConfigError, all_defaults, resolve_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_mirrors_every_default():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    flwr_config = pyproject["tool"]["flwr"]["app"]["config"]
+    assert flwr_config == all_defaults()
+
+
+def test_defaults_resolve():
+    cfg = resolve_config({})
+    assert cfg["algorithm"] == "fedaux" and cfg["dataset"] == "Cora" and cfg["num-clients"] == 10
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"no-such-key": 1}, "unknown config key 'no-such-key'; valid keys:"),
+        ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; valid:"),
+        ({"dataset": "Kora"}, "unknown dataset 'Kora'"),
+        ({"partition": "random"}, "unknown partition 'random'"),
+        ({"rounds": 0}, "rounds must be positive"),
+        ({"lr": -0.1}, "lr must be positive"),
+        ({"num-clients": 0}, "num-clients must be positive"),
+        ({"fraction": 1.5}, "fraction must be in (0, 1]"),
+        ({"rounds": "ten"}, "rounds='ten' is not a valid int"),
+        ({"partition": "files"}, "partition=files needs partition-dir"),
+        ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line(overrides, fragment):
+    with pytest.raises(ConfigError) as err:
+        resolve_config({}, overrides)
+    message = str(err.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_yaml_file_and_precedence(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: fedavg\nrounds: 7\nlr: 0.05\n")
+    defaults = all_defaults()
+    # Flower passes every pyproject default; only values that differ count as explicit.
+    run_config = dict(defaults, **{"config-file": str(path), "lr": 0.2})
+    cfg = resolve_config(run_config)
+    assert cfg["algorithm"] == "fedavg" and cfg["rounds"] == 7
+    assert cfg["lr"] == 0.2  # explicit --run-config beats the YAML file
+
+
+def test_yaml_unknown_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rounds: 3\nlearning-rate: 0.1\n")
+    with pytest.raises(ConfigError, match="unknown config key 'learning-rate'"):
+        resolve_config({}, {"config-file": str(path)})
+
+
+def test_types_are_coerced():
+    cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
+    assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
