@@ -63,8 +63,9 @@ class PersonalizedStrategy(Strategy):
             raise RunAborted(
                 f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
                 f"in simulation run: flwr run . --federation-config \"num-supernodes={want}\" "
-                f"(or --run-config \"num-clients={len(nodes)}\"); in deployment start "
-                f"{want} SuperNodes"
+                f"(once: flwr federation simulation-config @none/default local "
+                f"--num-supernodes {want}), or pass --run-config \"num-clients={len(nodes)}\"; "
+                f"in deployment start {want} SuperNodes"
             )
         return nodes
 
