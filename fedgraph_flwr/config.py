@@ -28,6 +28,8 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "num-clients": 10,
     "partition": "metis",
     "partition-dir": "",
+    "partition-split": "auto",
+    "split-draw": 0,
     "rounds": 100,
     "local-epochs": 1,
     "fraction": 1.0,
@@ -59,7 +61,8 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "verbose": True,
 }
 
-PARTITIONS = ("metis", "metis-overlapping", "louvain", "files")
+PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
+PARTITION_SPLITS = ("auto", "global", "per-client")
 CLIENT_STATE_MODES = ("context", "file")
 
 
@@ -153,12 +156,19 @@ def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
 def validate(config: Mapping[str, Any]) -> None:
     """Check everything that can be checked without data; raise ConfigError."""
     get_algorithm_or_fail(config["algorithm"])
-    from .data.datasets import DATASETS  # local import: data pulls in heavy PyG modules
+    from .data.datasets import canonical_name  # local import: data pulls in heavy PyG modules
 
-    if config["partition"] != "files" and config["dataset"] not in DATASETS:
-        raise ConfigError(
-            f"unknown dataset {config['dataset']!r}; valid: {', '.join(sorted(DATASETS))}"
-        )
+    if config["partition"] != "files":
+        try:
+            canonical_name(str(config["dataset"]))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if config["partition-split"] not in PARTITION_SPLITS:
+        raise ConfigError(f"unknown partition-split {config['partition-split']!r}; "
+                          f"valid: {', '.join(PARTITION_SPLITS)}")
+    if config["partition"] == "metis-overlapping" and config["num-clients"] % 5:
+        raise ConfigError(f"partition=metis-overlapping needs num-clients divisible by 5 "
+                          f"(5 clients per METIS part), got {config['num-clients']}")
     if config["partition"] not in PARTITIONS:
         raise ConfigError(
             f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"

@@ -94,6 +94,7 @@ def _atomic_write(path: Path, write) -> None:
     """Write through a temp file in the same folder, then rename: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)

@@ -1,0 +1,221 @@
+"""Experiment runner: expand a YAML grid, run every cell × seed, tabulate mean ± std.
+
+    fedgraph-experiments run configs/paper/fedaux-cora.yaml --seeds 0 1 2
+    fedgraph-experiments report outputs/experiments/fedaux-cora
+
+A grid file::
+
+    name: fedaux-cora
+    base: {dataset: Cora, partition: metis, rounds: 100}     # run-config keys
+    grid: {algorithm: [fedaux], num-clients: [5, 10, 20]}    # cartesian product
+    seeds: [0, 1, 2]
+    paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
+
+Cells whose ``results.json`` exists are skipped (resumable). ``--engine flower``
+runs each cell as a Flower simulation; the default ``inprocess`` runs the same
+client and server code without messaging (identical numbers, see
+tests/test_engine.py), which is what a sweep on one machine wants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .config import ConfigError, resolve_config
+
+CELL_KEYS = ("algorithm", "dataset", "partition", "num-clients")
+
+
+def load_grid(path: str | Path) -> dict[str, Any]:
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    for key in ("name", "grid"):
+        if key not in spec:
+            raise ConfigError(f"{path}: missing top-level key {key!r}")
+    spec.setdefault("base", {})
+    spec.setdefault("seeds", [0])
+    spec.setdefault("paper", {})
+    return spec
+
+
+def expand(spec: dict[str, Any], seeds: list[int] | None = None) -> list[dict[str, Any]]:
+    """Every (cell, seed) as a full override dict, validated before anything runs."""
+    grid = spec["grid"]
+    keys = list(grid)
+    runs = []
+    for values in itertools.product(*(grid[k] if isinstance(grid[k], list) else [grid[k]] for k in keys)):
+        for seed in seeds if seeds is not None else spec["seeds"]:
+            overrides = dict(spec["base"], **dict(zip(keys, values)), seed=int(seed))
+            resolve_config(None, overrides)  # fail early, before hours of training
+            runs.append(overrides)
+    return runs
+
+
+def cell_id(overrides: dict[str, Any]) -> str:
+    cfg = resolve_config(None, overrides)
+    return "|".join(str(cfg[k]) for k in CELL_KEYS)
+
+
+def run_name(overrides: dict[str, Any]) -> str:
+    cfg = resolve_config(None, overrides)
+    extra = [f"{k}={v}" for k, v in sorted(overrides.items())
+             if k not in (*CELL_KEYS, "seed", "output-dir", "run-name", "data-root")]
+    base = "-".join(str(cfg[k]) for k in CELL_KEYS) + f"-seed{cfg['seed']}"
+    if extra:
+        import hashlib
+
+        base += "-" + hashlib.sha1(",".join(extra).encode()).hexdigest()[:8]
+    return base
+
+
+def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engine: str,
+             extra: dict[str, Any]) -> Path:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    out = out_root / spec["name"]
+    runs = expand(spec, seeds)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TimeRemainingColumn()) as progress:
+        cells = progress.add_task("cells", total=len(runs))
+        rounds = progress.add_task("rounds", total=1)
+        for i, overrides in enumerate(runs, 1):
+            overrides = dict(overrides, **extra, **{"output-dir": str(out)})
+            overrides["run-name"] = run_name(overrides)
+            target = out / overrides["run-name"] / "results.json"
+            progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
+            if target.is_file():
+                progress.advance(cells)
+                continue
+            total = int(resolve_config(None, overrides)["rounds"])
+            progress.reset(rounds, total=total)
+            done = {"n": 0}
+
+            def on_round(msg: str) -> None:
+                if msg.startswith("round "):
+                    done["n"] += 1
+                    progress.update(rounds, completed=done["n"], description=msg[:60])
+
+            if engine == "flower":
+                run_flower_cell(overrides)
+            else:
+                from .engine.loop import run_federation
+
+                run_federation(overrides, log=on_round)
+            progress.advance(cells)
+    write_tables(out, spec)
+    return out
+
+
+def run_flower_cell(overrides: dict[str, Any]) -> None:
+    """One cell as a Flower simulation (Ray backend) with num-clients SuperNodes."""
+    from flwr.simulation import run_simulation
+
+    from .engine.client_app import make_client_app
+    from .engine.server_app import make_server_app
+
+    cfg = resolve_config(None, overrides)
+    import torch
+
+    gpus = 1.0 / cfg["num-clients"] if torch.cuda.is_available() else 0.0
+    run_simulation(make_server_app(overrides), make_client_app(), num_supernodes=cfg["num-clients"],
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
+                                   "init_args": {"include_dashboard": False}})
+
+
+def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """results.json files under ``out`` grouped by cell."""
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(out.glob("*/results.json")):
+        res = json.loads(path.read_text())
+        cfg = res["config"]
+        cells.setdefault("|".join(str(cfg[k]) for k in CELL_KEYS), []).append(res)
+    return cells
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return f"{np.mean(values):.2f} ± {std:.2f}"
+
+
+def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """table.md and table.csv: mean ± std per cell of the headline figure, beside the paper."""
+    paper = (spec or {}).get("paper", {})
+    rows = []
+    for cell, results in sorted(collect(out).items()):
+        heads = [r["final"]["test_at_best_val"] for r in results]
+        per_client = [r["final"]["per_client_best_val_test"] for r in results]
+        secs = [r["wall_time_s"] / max(1, len(r["rounds"])) for r in results]
+        ref = paper.get(cell)
+        mean = float(np.mean(heads))
+        rows.append({
+            "cell": cell, "seeds": ",".join(str(r["config"]["seed"]) for r in results),
+            "test_at_best_val": _fmt(heads), "per_client_best_val_test": _fmt(per_client),
+            "paper": "" if ref is None else f"{ref:.2f}",
+            "diff": "" if ref is None else f"{mean - ref:+.2f}",
+            "s_per_round": f"{np.mean(secs):.3f}",
+        })
+    md = out / "table.md"
+    header = ["cell (algorithm|dataset|partition|clients)", "seeds", "test @ best val (%)",
+              "per-client best-val test (%)", "paper", "diff", "s/round"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append("| " + " | ".join(r[k] for k in (
+            "cell", "seeds", "test_at_best_val", "per_client_best_val_test", "paper", "diff",
+            "s_per_round")) + " |")
+    md.write_text("\n".join(lines) + "\n")
+    path_csv = out / "table.csv"
+    with path_csv.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["cell"])
+        w.writeheader()
+        w.writerows(rows)
+    return md, path_csv
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedgraph-experiments")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run a YAML grid (resumable)")
+    run.add_argument("grid")
+    run.add_argument("--seeds", type=int, nargs="+")
+    run.add_argument("--out", default="outputs/experiments")
+    run.add_argument("--engine", choices=("inprocess", "flower"), default="inprocess")
+    run.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                     help="extra run-config overrides for every cell (e.g. data-root=...)")
+    rep = sub.add_parser("report", help="rewrite table.md/table.csv from saved results")
+    rep.add_argument("folder")
+    rep.add_argument("--grid", help="the grid file, for the paper's figures")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "run":
+            spec = load_grid(args.grid)
+            extra = dict(kv.split("=", 1) for kv in args.set)
+            t0 = time.time()
+            out = run_grid(spec, Path(args.out), args.seeds, args.engine, extra)
+            print((out / "table.md").read_text())
+            print(f"{out} ({time.time() - t0:.0f}s)")
+        else:
+            spec = load_grid(args.grid) if args.grid else None
+            md, _ = write_tables(Path(args.folder), spec)
+            print(md.read_text())
+    except ConfigError as exc:
+        print(f"fedgraph-experiments: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["main", "run_grid", "write_tables", "expand"]
