@@ -1,0 +1,325 @@
+"""FedIIH (Yu et al., AAAI 2025): disentangled factors + hierarchical variational posteriors.
+
+Client (:class:`FedIIHTrainer`), one round (spec §5):
+
+- Step A, ``local-epochs`` full-batch Adam steps on the classification loss
+  (cross-entropy; BCE-with-logits and a single output for binary tasks) over all
+  model parameters: DisenGCN projection ``pca`` → routing trunk → ``clf``.
+- Step B, ``local-epochs`` steps on the HVGAE loss (spec §3.7): μ/σ routing
+  branches on the trunk, reparameterised sample, inner-product decoder, KL terms
+  against the local factor means α̂ [K, d_k] (never uploaded) and the server's
+  global factor means α̃ [K, d_k] (payload key ``"prior.alpha"``).
+  ``fediih-mode="code"`` (default, the released code, spec §9.1): this step
+  moves α̂ only, so the encoder is trained by classification alone.
+  ``fediih-mode="paper"``: the ELBO also trains the encoder (``pca``), with a
+  separate Adam so the two objectives do not share moment estimates.
+- upload: ``pca.weight`` [K·d_k, F], ``pca.bias`` [K·d_k], ``clf.weight`` [C, K·d_k],
+  ``clf.bias`` [C]; signature: ``"mu"`` and ``"logvar"`` [K, d_k], node-means of the
+  μ^k / ℓ^k matrices from the last Step-B forward pass. Nothing per node.
+
+Server (:class:`FedIIHAggregator`), spec §3.6 and §4: α̃^k = Σ_m μ̄_m^k / (M + 0.25);
+per factor k, S^k = 1 − JS/ln 2 between the clients' diagonal Gaussians
+(moment-matched midpoint), β^k = row-softmax(τ·S^k), and client m receives
+Σ_j β^k_mj × (factor block k of pca.weight, pca.bias, clf.weight of client j).
+``clf.bias`` is a uniform mean (K ≥ 2), or β-weighted too when K = 1 (spec §9.12).
+
+Config: ``hidden`` is the per-factor width d_k (spec §9.3), so the projection has
+K·hidden units; ``num-layers`` is unused (``fediih-routing-layers`` sets depth).
+``fediih-recon`` picks how the n² reconstruction term is computed (see
+:func:`fedgraph_flwr.nn.hvgae.reconstruction_loss`); ``"auto"`` is the dense form up
+to ``fediih-recon-dense-max-nodes``, above it blockwise (exact) in paper mode and
+sampled in code mode, where the term trains nothing and is only logged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.data import Data
+
+from ..metrics import score
+from ..nn.disengcn import DisenGCN, routing_layer_split
+from ..nn.hvgae import SIGMA2_ALPHA, SIGMA2_H, VariationalRoutingBranches, hvgae_loss, resolve_recon_method
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .supervised import SupervisedTrainer
+
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "fediih-mode": "code",  # "code": ELBO moves α̂ only (released code); "paper": also the encoder
+    "fediih-factors": 2,  # K
+    "fediih-routing-layers": 4,  # L: trunk max(1, L-2) layers, μ/σ branches 1 (L<=2) or 2 layers
+    "fediih-routing-iters": 6,  # T
+    "fediih-routing-tau": 1.0,  # τ_p, routing temperature
+    "fediih-tau": 10.0,  # τ, similarity softmax scale on the server
+    "fediih-recon": "auto",  # "auto" | "dense" | "blockwise" | "sampled"
+    "fediih-recon-dense-max-nodes": 4096,  # auto: dense up to here; above, blockwise (paper) / sampled (code)
+    "fediih-recon-columns": 256,  # sampled: random columns per step (exact when >= n)
+    "fediih-recon-block-rows": 0,  # blockwise: rows per block (0 = ~16M logits per block)
+}
+
+MODES = ("code", "paper")
+PRIOR_KEY = "prior.alpha"
+MODEL_KEYS = ("pca.weight", "pca.bias", "clf.weight", "clf.bias")
+
+
+def output_width(num_classes: int) -> int:
+    """Binary tasks use one logit and BCE, as the released code (spec §2.3)."""
+    return 1 if num_classes == 2 else num_classes
+
+
+# --------------------------------------------------------------------------------------
+# Client
+# --------------------------------------------------------------------------------------
+class FedIIHTrainer(SupervisedTrainer):
+    """DisenGCN + HVGAE client; see the module docstring for the round."""
+
+    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+        super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer
+        self.mode = str(config.get("fediih-mode", CONFIG_DEFAULTS["fediih-mode"]))
+        if self.mode not in MODES:
+            raise ValueError(f"unknown fediih-mode {self.mode!r}; valid: {', '.join(MODES)}")
+        cfg = {**CONFIG_DEFAULTS, **config}
+        # In code mode no parameter receives the reconstruction's gradient (α̂ is not in
+        # it), so for large clients "auto" only estimates the logged value.
+        self.recon_method = resolve_recon_method(
+            str(cfg["fediih-recon"]), int(data.num_nodes), int(cfg["fediih-recon-dense-max-nodes"]),
+            needs_gradient=self.mode == "paper")
+        self.recon_columns = int(cfg["fediih-recon-columns"])
+        self.recon_block_rows = int(cfg["fediih-recon-block-rows"])
+        num_factors = int(cfg["fediih-factors"])
+        factor_channels = int(config["hidden"])
+        _, branch_layers = routing_layer_split(int(cfg["fediih-routing-layers"]))
+        self.branches = VariationalRoutingBranches(
+            num_factors, branch_layers, int(cfg["fediih-routing-iters"]),
+            dropout=float(config["dropout"]), routing_tau=float(cfg["fediih-routing-tau"]),
+        ).to(device)
+        # α̂ ~ N(0, 1), local and persistent; α̃ ~ N(0, I) until the server sends one (§9.6).
+        self.alpha_local = nn.Parameter(torch.randn(num_factors, factor_channels, device=device))
+        self.alpha_global = torch.randn(num_factors, factor_channels, device=device)
+        lr, wd = float(config["lr"]), float(config["weight-decay"])
+        self.vae_optimizer = torch.optim.Adam([self.alpha_local], lr=lr, weight_decay=wd)
+        self.encoder_optimizer = (
+            torch.optim.Adam(self.model.pca.parameters(), lr=lr, weight_decay=wd)
+            if self.mode == "paper" else None
+        )
+        self.posterior_mean: torch.Tensor | None = None  # [K, d_k]
+        self.posterior_logvar: torch.Tensor | None = None  # [K, d_k]
+
+    @classmethod
+    def build_model(cls, num_features: int, num_classes: int, config: Config) -> DisenGCN:
+        cfg = {**CONFIG_DEFAULTS, **config}
+        trunk_layers, _ = routing_layer_split(int(cfg["fediih-routing-layers"]))
+        return DisenGCN(
+            num_features, int(config["hidden"]), output_width(num_classes),
+            num_factors=int(cfg["fediih-factors"]), trunk_layers=trunk_layers,
+            iterations=int(cfg["fediih-routing-iters"]), dropout=float(config["dropout"]),
+            routing_tau=float(cfg["fediih-routing-tau"]),
+        )
+
+    # --- losses ---------------------------------------------------------------------
+    def classification_loss(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """CE over the masked nodes, or BCE-with-logits when the model has one output."""
+        y = self.data.y[mask]
+        if logits.size(1) == 1:
+            return F.binary_cross_entropy_with_logits(logits[mask, 0], y.to(logits.dtype))
+        return F.cross_entropy(logits[mask], y)
+
+    def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """μ, ℓ [n, K, d_k] from the trunk and the μ/σ branches (current train/eval mode)."""
+        h = self.model.embed(self.data.x, self.data.edge_index)
+        return self.branches(h, self.data.edge_index)
+
+    # --- ClientTrainer --------------------------------------------------------------
+    def load_payload(self, arrays: Arrays) -> None:
+        super().load_payload(arrays)
+        if PRIOR_KEY in arrays:
+            self.alpha_global = torch.as_tensor(
+                np.asarray(arrays[PRIOR_KEY]), dtype=torch.float32, device=self.device).clone()
+
+    def train(self, epochs: int) -> dict[str, float]:
+        self.model.train()
+        self.branches.train()
+        data = self.data
+        cls_loss = float("nan")
+        for _ in range(epochs):  # Step A: classification, all model parameters
+            self.optimizer.zero_grad()
+            loss = self.classification_loss(self.model(data.x, data.edge_index), data.train_mask)
+            loss.backward()
+            self.optimizer.step()
+            cls_loss = float(loss.detach())
+        terms: dict[str, torch.Tensor] = {}
+        train_encoder = self.encoder_optimizer is not None
+        for _ in range(epochs):  # Step B: HVGAE
+            self.vae_optimizer.zero_grad()
+            if self.encoder_optimizer is not None:
+                self.encoder_optimizer.zero_grad()
+            # Code mode: the encoder gets no ELBO gradient, so skip its graph entirely.
+            with torch.set_grad_enabled(train_encoder):
+                mu, logvar = self.encode()
+            terms = hvgae_loss(mu, logvar, self.alpha_local, self.alpha_global, data.edge_index,
+                               self.recon_method, self.recon_columns, self.recon_block_rows)
+            terms["loss"].backward()
+            self.vae_optimizer.step()
+            if self.encoder_optimizer is not None:
+                self.encoder_optimizer.step()
+            self.posterior_mean = mu.detach().mean(0)
+            self.posterior_logvar = logvar.detach().mean(0)
+        out = {"train_loss": cls_loss}
+        out.update({f"hvgae_{k}": float(v.detach()) for k, v in terms.items()})
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        data = self.data
+        logits = self.model(data.x, data.edge_index)
+        val_loss = (float(self.classification_loss(logits, data.val_mask))
+                    if int(data.val_mask.sum()) else float("nan"))
+        if logits.size(1) == 1:  # two columns so that argmax and the margin both work
+            logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
+        return {
+            "val_loss": val_loss,
+            "train_metric": score(logits, data.y, data.train_mask, self.metric),
+            "val_metric": score(logits, data.y, data.val_mask, self.metric),
+            "test_metric": score(logits, data.y, data.test_mask, self.metric),
+        }
+
+    def signature(self) -> Arrays:
+        """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node)."""
+        if self.posterior_mean is None or self.posterior_logvar is None:
+            # Not trained this round (not in the engine's flow): one training-mode pass.
+            self.model.train()
+            self.branches.train()
+            with torch.no_grad():
+                mu, logvar = self.encode()
+            self.posterior_mean, self.posterior_logvar = mu.mean(0), logvar.mean(0)
+        return {"mu": self.posterior_mean.cpu().numpy().astype(np.float32),
+                "logvar": self.posterior_logvar.cpu().numpy().astype(np.float32)}
+
+    def local_state(self) -> dict[str, Any]:
+        state = super().local_state()
+        state.update({
+            "alpha_local": self.alpha_local.detach().clone(),
+            "alpha_global": self.alpha_global.detach().clone(),
+            "vae_optimizer": self.vae_optimizer.state_dict(),
+        })
+        if self.encoder_optimizer is not None:
+            state["encoder_optimizer"] = self.encoder_optimizer.state_dict()
+        return state
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        super().load_local_state(state)
+        with torch.no_grad():
+            self.alpha_local.copy_(state["alpha_local"])
+        self.alpha_global = state["alpha_global"].to(self.device).clone()
+        self.vae_optimizer.load_state_dict(state["vae_optimizer"])
+        if self.encoder_optimizer is not None and "encoder_optimizer" in state:
+            self.encoder_optimizer.load_state_dict(state["encoder_optimizer"])
+
+
+# --------------------------------------------------------------------------------------
+# Server math (pure numpy, float64)
+# --------------------------------------------------------------------------------------
+def global_factor_means(mu: np.ndarray) -> np.ndarray:
+    """α̃ = Σ_m μ̄_m / (M + σ²_H/σ²_α); mu [M, K, d_k] -> [K, d_k] (spec Eq. 12)."""
+    mu = np.asarray(mu, dtype=np.float64)
+    return mu.sum(0) / (mu.shape[0] + SIGMA2_H / SIGMA2_ALPHA)
+
+
+def gaussian_js(mu_a: np.ndarray, logvar_a: np.ndarray,
+                mu_b: np.ndarray, logvar_b: np.ndarray) -> np.ndarray:
+    """JS between diagonal Gaussians via the moment-matched midpoint (spec §4.1).
+
+    JS = ½[KL(A‖M̄) + KL(B‖M̄)], M̄ = N((μ_A+μ_B)/2, (σ²_A+σ²_B)/2), each KL summed
+    over the last axis. Inputs broadcast; output drops the last axis. Not bounded by ln 2.
+    """
+    mu_a, mu_b = np.asarray(mu_a, np.float64), np.asarray(mu_b, np.float64)
+    var_a, var_b = np.exp(np.asarray(logvar_a, np.float64)), np.exp(np.asarray(logvar_b, np.float64))
+    mu_m, var_m = 0.5 * (mu_a + mu_b), 0.5 * (var_a + var_b)
+
+    def kl(mu: np.ndarray, var: np.ndarray) -> np.ndarray:
+        return 0.5 * (np.log(var_m / var) + (var + (mu - mu_m) ** 2) / var_m - 1.0).sum(-1)
+
+    return 0.5 * (kl(mu_a, var_a) + kl(mu_b, var_b))
+
+
+def factor_similarity(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
+    """S^k_mj = 1 − JS(q_m^k, q_j^k)/ln 2; mu, logvar [M, K, d_k] -> S [K, M, M]."""
+    mu = np.asarray(mu, np.float64).transpose(1, 0, 2)  # [K, M, d_k]
+    logvar = np.asarray(logvar, np.float64).transpose(1, 0, 2)
+    js = gaussian_js(mu[:, :, None], logvar[:, :, None], mu[:, None], logvar[:, None])
+    return 1.0 - js / math.log(2.0)
+
+
+def similarity_weights(similarity: np.ndarray, tau: float) -> np.ndarray:
+    """β = row-softmax(τ·S) along the last axis (spec Eq. 11); rows sum to 1."""
+    logits = tau * np.asarray(similarity, np.float64)
+    logits = logits - logits.max(-1, keepdims=True)
+    w = np.exp(logits)
+    return w / w.sum(-1, keepdims=True)
+
+
+def blockwise_mix(blocks: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """Personalised per-factor average: out[m, k] = Σ_j β[k, m, j] · blocks[j, k].
+
+    blocks [M, K, ...] (client j's factor-k block), beta [K, M, M] -> [M, K, ...].
+    """
+    return np.einsum("kmj,jk...->mk...", np.asarray(beta, np.float64), np.asarray(blocks, np.float64))
+
+
+class FedIIHAggregator(Aggregator):
+    """Per-factor JS similarity → personalised block-wise mixing, plus α̃ for every client."""
+
+    def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        ids = sorted(updates)
+        mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
+        logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
+        num_clients, num_factors, d_k = mu.shape
+        tau = float(self.config.get("fediih-tau", CONFIG_DEFAULTS["fediih-tau"]))
+        similarity = factor_similarity(mu, logvar)  # [K, M, M]
+        beta = similarity_weights(similarity, tau)
+        alpha = global_factor_means(mu).astype(np.float32)
+
+        def stacked(name: str) -> np.ndarray:
+            return np.stack([updates[c].arrays[name] for c in ids]).astype(np.float64)
+
+        dtype = {name: updates[ids[0]].arrays[name].dtype for name in updates[ids[0]].arrays}
+        pca_w, pca_b, clf_w, clf_b = (stacked(name) for name in MODEL_KEYS)
+        num_out = clf_w.shape[1]
+        # Factor block k: rows k·d_k:(k+1)·d_k of pca.weight/bias, columns of clf.weight.
+        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), beta)
+        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), beta)
+        clf_w_blocks = clf_w.reshape(num_clients, num_out, num_factors, d_k).transpose(0, 2, 1, 3)
+        clf_w_mix = blockwise_mix(clf_w_blocks, beta).transpose(0, 2, 1, 3)
+        if num_factors == 1:  # K = 1: the whole model is similarity-weighted
+            clf_b_mix = beta[0] @ clf_b
+        else:
+            clf_b_mix = np.broadcast_to(clf_b.mean(0), clf_b.shape)
+        others = [name for name in updates[ids[0]].arrays if name not in MODEL_KEYS]
+        other_means = {name: stacked(name).mean(0).astype(dtype[name]) for name in others}
+
+        payloads: dict[int, Arrays] = {}
+        for m, c in enumerate(ids):
+            payloads[c] = {
+                "pca.weight": pca_w_mix[m].reshape(num_factors * d_k, -1).astype(dtype["pca.weight"]),
+                "pca.bias": pca_b_mix[m].reshape(-1).astype(dtype["pca.bias"]),
+                "clf.weight": clf_w_mix[m].reshape(num_out, -1).astype(dtype["clf.weight"]),
+                "clf.bias": np.array(clf_b_mix[m], dtype=dtype["clf.bias"]),
+                **other_means,
+                PRIOR_KEY: alpha,
+            }
+        off_diag = ~np.eye(num_clients, dtype=bool)
+        metrics = {"alpha-norm": float(np.linalg.norm(alpha))}
+        for k in range(num_factors):
+            metrics[f"similarity-offdiag-mean.{k}"] = (
+                float(similarity[k][off_diag].mean()) if num_clients > 1 else 1.0)
+            metrics[f"beta-self-mean.{k}"] = float(np.diag(beta[k]).mean())
+        return AggregateResult(
+            payloads=payloads,
+            diagnostics={f"similarity.{k}": similarity[k] for k in range(num_factors)},
+            metrics=metrics,
+        )

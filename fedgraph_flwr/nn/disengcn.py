@@ -1,0 +1,139 @@
+"""DisenGCN (Ma et al. 2019) as FedIIH uses it: factor projection + neighbourhood routing.
+
+The input projection ``pca`` is one linear layer whose output ``[n, K·d_k]`` is
+read as K factor blocks of width ``d_k`` (block k = rows ``k·d_k:(k+1)·d_k`` of
+``pca.weight``). Neighbourhood routing (:class:`NeighbourhoodRouting`) has no
+parameters: each node's factor-k embedding is its own plus the neighbours'
+factor-k embeddings, weighted by how much each neighbour "belongs" to factor k
+(a softmax over factors of cosine agreement), re-normalised, T times.
+
+Layer stack as in the released FedIIH code (spec §2.3, §9.11): projection →
+LeakyReLU → dropout, then ``L_c`` routing layers (each → LeakyReLU → dropout),
+then a linear classifier ``clf`` on the trunk output. The μ/σ branches of the
+HVGAE sit on top of the same trunk (see :mod:`fedgraph_flwr.nn.hvgae`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.utils import scatter
+
+LEAKY_SLOPE = 0.01  # the released code's LeakyReLU slope
+
+
+def routing_layer_split(num_routing_layers: int) -> tuple[int, int]:
+    """Map the "# routing layers" hyperparameter L to (trunk layers, layers per μ/σ branch).
+
+    L ≤ 2 → (1, 1); L > 2 → (L − 2, 2)  (spec §9.11).
+    """
+    if num_routing_layers < 1:
+        raise ValueError(f"routing layers must be >= 1, got {num_routing_layers}")
+    if num_routing_layers <= 2:
+        return 1, 1
+    return num_routing_layers - 2, 2
+
+
+def normalize_factors(x: torch.Tensor, num_factors: int) -> torch.Tensor:
+    """L2-normalise each factor block: x [n, K·d_k] -> [n, K·d_k] with unit-norm blocks."""
+    n = x.size(0)
+    return F.normalize(x.view(n, num_factors, -1), dim=-1).view(n, -1)
+
+
+class NeighbourhoodRouting(nn.Module):
+    """One parameter-free routing layer (the released code's ``DisenConv``).
+
+    x [n, K·d_k], edge_index [2, m] (src → trg, symmetric, no self-loops needed)
+    -> [n, K·d_k] whose K blocks are unit-norm. Per iteration, for every edge
+    (v → u): p_vk = softmax_k(<z_v^k, c_u^k> / τ_p), then
+    c_u^k = normalise(z_u^k + Σ_v p_vk z_v^k). Vectorised over edges and
+    factors; the only Python loop is over the T iterations.
+    """
+
+    def __init__(self, num_factors: int, iterations: int, tau: float = 1.0) -> None:
+        super().__init__()
+        if num_factors < 1 or iterations < 1:
+            raise ValueError("num_factors and iterations must be >= 1")
+        self.num_factors = num_factors
+        self.iterations = iterations
+        self.tau = tau
+
+    def reset_parameters(self) -> None:
+        """Nothing to reset: routing has no parameters."""
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        n, width = x.shape
+        k = self.num_factors
+        if width % k:
+            raise ValueError(f"width {width} is not divisible by {k} factors")
+        z = F.normalize(x.view(n, k, width // k), dim=-1)  # [n, K, d_k]
+        src, trg = edge_index[0], edge_index[1]
+        z_src = z[src]  # [m, K, d_k]: the neighbours' factor embeddings, fixed over iterations
+        c = z
+        for _ in range(self.iterations):
+            # Which factor does neighbour v share with centre u? softmax over factors.
+            p = torch.softmax((z_src * c[trg]).sum(-1) / self.tau, dim=1)  # [m, K]
+            c = scatter(p.unsqueeze(-1) * z_src, trg, dim=0, dim_size=n, reduce="sum") + z
+            c = F.normalize(c, dim=-1)
+        return c.reshape(n, width)
+
+    def extra_repr(self) -> str:
+        return f"factors={self.num_factors}, iterations={self.iterations}, tau={self.tau}"
+
+
+class DisenGCN(nn.Module):
+    """Projection ``pca`` → routing trunk → classifier ``clf``.
+
+    x [n, in_channels], edge_index [2, m] -> logits [n, out_channels].
+    ``pca``: in_channels → K·d_k (factor block k = output units k·d_k:(k+1)·d_k),
+    ``clf``: K·d_k → out_channels (factor block k = its input columns k·d_k:(k+1)·d_k).
+    These four tensors (``pca.weight``, ``pca.bias``, ``clf.weight``, ``clf.bias``)
+    are the only learnable parameters.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        factor_channels: int,
+        out_channels: int,
+        num_factors: int,
+        trunk_layers: int,
+        iterations: int,
+        dropout: float = 0.0,
+        routing_tau: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.num_factors = num_factors
+        self.factor_channels = factor_channels
+        self.dropout = dropout
+        width = num_factors * factor_channels
+        self.pca = nn.Linear(in_channels, width)
+        self.routing = nn.ModuleList(
+            NeighbourhoodRouting(num_factors, iterations, routing_tau) for _ in range(trunk_layers)
+        )
+        self.clf = nn.Linear(width, out_channels)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Released code: W, b ~ U(-1/sqrt(K d_k), 1/sqrt(K d_k)) for the projection;
+        # nn.Linear's default for the classifier.
+        bound = 1.0 / math.sqrt(self.pca.out_features)
+        nn.init.uniform_(self.pca.weight, -bound, bound)
+        nn.init.uniform_(self.pca.bias, -bound, bound)
+        self.clf.reset_parameters()
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(F.leaky_relu(x, LEAKY_SLOPE), p=self.dropout, training=self.training)
+
+    def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Trunk output [n, K·d_k] (input of the classifier and of the μ/σ branches)."""
+        h = self._act(self.pca(x))
+        for layer in self.routing:
+            h = self._act(layer(h, edge_index))
+        return h
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.clf(self.embed(x, edge_index))

@@ -1,0 +1,347 @@
+"""FedIIH: routing, HVGAE reconstruction, server math, trainer/aggregator behaviour."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Data
+from torch_geometric.utils import erdos_renyi_graph, subgraph, to_undirected
+
+from fedgraph_flwr.algorithms.base import ClientUpdate
+from fedgraph_flwr.algorithms.fediih import (
+    CONFIG_DEFAULTS,
+    PRIOR_KEY,
+    FedIIHAggregator,
+    FedIIHTrainer,
+    blockwise_mix,
+    factor_similarity,
+    gaussian_js,
+    global_factor_means,
+    similarity_weights,
+)
+from fedgraph_flwr.nn.disengcn import NeighbourhoodRouting, routing_layer_split
+from fedgraph_flwr.nn.hvgae import hvgae_loss, reconstruction_loss, resolve_recon_method
+
+CPU = torch.device("cpu")
+SMALL = {"seed": 0, "lr": 0.02, "weight-decay": 5e-4, "hidden": 8, "dropout": 0.3,
+         "fediih-factors": 2, "fediih-routing-layers": 3, "fediih-routing-iters": 3}
+
+
+def random_graph(n: int, num_features: int = 12, num_classes: int = 3, p: float = 0.05,
+                 seed: int = 0) -> Data:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    edge_index = to_undirected(erdos_renyi_graph(n, p))
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    x = torch.randn(n, num_features, generator=g) + F.one_hot(y, num_features).float()
+    split = torch.rand(n, generator=g)
+    return Data(x=x, edge_index=edge_index, y=y, train_mask=split < 0.4,
+                val_mask=(split >= 0.4) & (split < 0.7), test_mask=split >= 0.7)
+
+
+# --- DisenGCN routing ---------------------------------------------------------------------
+def naive_routing(x: torch.Tensor, edge_index: torch.Tensor, k: int, iters: int, tau: float) -> torch.Tensor:
+    """Loop-per-node reference of the released DisenConv."""
+    n = x.size(0)
+    z = F.normalize(x.view(n, k, -1), dim=-1)
+    c = z.clone()
+    for _ in range(iters):
+        new = z.clone()
+        for e in range(edge_index.size(1)):
+            v, u = int(edge_index[0, e]), int(edge_index[1, e])
+            p = torch.softmax((z[v] * c[u]).sum(-1) / tau, dim=0)
+            new[u] = new[u] + p[:, None] * z[v]
+        c = F.normalize(new, dim=-1)
+    return c.reshape(n, -1)
+
+
+def test_routing_matches_loop_reference_and_rows_are_unit_norm_per_factor():
+    torch.manual_seed(0)
+    n, k, d = 15, 3, 4
+    edge_index = to_undirected(erdos_renyi_graph(n, 0.3))
+    x = torch.randn(n, k * d)
+    layer = NeighbourhoodRouting(k, iterations=3, tau=1.0)
+    out = layer(x, edge_index)
+    assert out.shape == (n, k * d)
+    assert torch.allclose(out.view(n, k, d).norm(dim=-1), torch.ones(n, k), atol=1e-6)
+    assert torch.allclose(out, naive_routing(x, edge_index, k, 3, 1.0), atol=1e-5)
+    # An isolated node keeps its own normalised factor embedding.
+    lone = NeighbourhoodRouting(k, 2)(x[:1], torch.empty(2, 0, dtype=torch.long))
+    assert torch.allclose(lone, F.normalize(x[:1].view(1, k, d), dim=-1).view(1, -1), atol=1e-6)
+
+
+def test_routing_layer_mapping():
+    assert [routing_layer_split(L) for L in (1, 2, 3, 4, 6)] == [(1, 1), (1, 1), (1, 2), (2, 2), (4, 2)]
+
+
+# --- HVGAE --------------------------------------------------------------------------------
+def test_dense_blockwise_and_full_sampled_reconstruction_agree():
+    torch.manual_seed(1)
+    n = 120
+    edge_index = to_undirected(erdos_renyi_graph(n, 0.05))
+    edge_index = torch.cat([edge_index, edge_index[:, :5]], 1)  # duplicates: A stays binary
+    h = torch.randn(n, 10, dtype=torch.float64, requires_grad=True)
+    values, grads = [], []
+    for method, kw in (("dense", {}), ("blockwise", {"block_rows": 17}),
+                       ("blockwise", {}), ("sampled", {"num_columns": n})):
+        loss = reconstruction_loss(h, edge_index, method, **kw)
+        values.append(loss.detach())
+        grads.append(torch.autograd.grad(loss, h)[0])
+    for v, g in zip(values[1:], grads[1:]):
+        assert abs(float(v - values[0])) < 1e-12
+        assert torch.allclose(g, grads[0], atol=1e-14, rtol=1e-10)
+    h32 = h.detach().float()
+    assert torch.allclose(reconstruction_loss(h32, edge_index, "blockwise", block_rows=7),
+                          reconstruction_loss(h32, edge_index, "dense"), rtol=1e-5)
+
+
+def test_sampled_reconstruction_is_unbiased_estimate():
+    torch.manual_seed(2)
+    n = 200
+    edge_index = to_undirected(erdos_renyi_graph(n, 0.04))
+    h = torch.randn(n, 6, dtype=torch.float64)
+    exact = float(reconstruction_loss(h, edge_index, "blockwise"))
+    draws = torch.stack([reconstruction_loss(h, edge_index, "sampled", num_columns=10)
+                         for _ in range(200)])
+    assert float(draws.std()) > 1e-3  # really a random estimate
+    stderr = float(draws.std()) / math.sqrt(len(draws))
+    assert abs(float(draws.mean()) - exact) < 4 * stderr + 1e-3
+    # The gradient estimate is unbiased too (loosely).
+    hg = h.clone().requires_grad_(True)
+    g_exact = torch.autograd.grad(reconstruction_loss(hg, edge_index, "dense"), hg)[0]
+    g_mean = sum(torch.autograd.grad(reconstruction_loss(hg, edge_index, "sampled", num_columns=20), hg)[0]
+                 for _ in range(100)) / 100
+    g_one = torch.autograd.grad(reconstruction_loss(hg, edge_index, "sampled", num_columns=20), hg)[0]
+    err_mean = float((g_mean - g_exact).norm() / g_exact.norm())
+    err_one = float((g_one - g_exact).norm() / g_exact.norm())
+    assert err_mean < 0.2 and err_mean < err_one / 4, (err_mean, err_one)
+
+
+def test_recon_auto_switch():
+    assert resolve_recon_method("auto", 100, 4096) == "dense"
+    assert resolve_recon_method("auto", 5000, 4096) == "blockwise"
+    assert resolve_recon_method("auto", 5000, 4096, needs_gradient=False) == "sampled"
+    assert resolve_recon_method("auto", 100, 4096, needs_gradient=False) == "dense"
+    assert resolve_recon_method("sampled", 100, 4096) == "sampled"
+    with pytest.raises(ValueError):
+        resolve_recon_method("nope", 10, 10)
+
+
+def test_hvgae_loss_terms_closed_form():
+    torch.manual_seed(3)
+    n, k, d = 9, 2, 3
+    mu, logvar = torch.randn(n, k, d), 0.3 * torch.randn(n, k, d)
+    a_loc, a_glob = torch.randn(k, d), torch.randn(k, d)
+    terms = hvgae_loss(mu, logvar, a_loc, a_glob, to_undirected(erdos_renyi_graph(n, 0.4)))
+    assert torch.allclose(terms["kl_alpha"], (2 * (a_loc - a_glob) ** 2).mean(-1).sum())
+    assert torch.allclose(terms["log_prior"],
+                          (-0.5 * math.log(2 * math.pi) - 0.5 * a_loc ** 2).mean(-1).sum())
+    kl = 0.5 * (math.log(0.25) - logvar + (logvar.exp() + (mu - a_loc) ** 2) / 0.25 - 1)
+    assert torch.allclose(terms["kl_data"], kl.mean(dim=(0, 2)).sum(), atol=1e-6)
+    assert torch.allclose(terms["loss"], terms["log_prior"] + terms["kl_alpha"]
+                          + terms["kl_data"] + terms["recon"])
+
+
+# --- server math --------------------------------------------------------------------------
+def test_gaussian_js_zero_for_identical_and_symmetric():
+    rng = np.random.default_rng(0)
+    mu_a, mu_b = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+    lv_a, lv_b = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+    assert np.allclose(gaussian_js(mu_a, lv_a, mu_a, lv_a), 0.0)
+    js = gaussian_js(mu_a, lv_a, mu_b, lv_b)
+    assert js.shape == (4,) and (js > 0).all()
+    assert np.allclose(js, gaussian_js(mu_b, lv_b, mu_a, lv_a))
+    # Only the variance differs: still > 0 (the variances matter, not only the means).
+    assert (gaussian_js(mu_a, lv_a, mu_a, lv_a + 1.0) > 0).all()
+
+
+def test_factor_similarity_and_weights():
+    rng = np.random.default_rng(1)
+    mu, lv = rng.normal(size=(5, 3, 4)), 0.2 * rng.normal(size=(5, 3, 4))
+    s = factor_similarity(mu, lv)
+    assert s.shape == (3, 5, 5)
+    assert np.allclose(np.diagonal(s, axis1=1, axis2=2), 1.0)
+    assert np.allclose(s, s.transpose(0, 2, 1))
+    assert np.isclose(s[1, 0, 2], 1 - gaussian_js(mu[0, 1], lv[0, 1], mu[2, 1], lv[2, 1]) / math.log(2))
+    beta = similarity_weights(s, 10.0)
+    assert np.allclose(beta.sum(-1), 1.0) and (beta > 0).all()
+    # The self-weight is each row's largest (S(m,m) = 1 is the row maximum here).
+    assert (np.diagonal(beta, axis1=1, axis2=2) >= beta.max(-1) - 1e-12).all()
+    assert np.allclose(beta[0, 0], np.exp(10 * s[0, 0]) / np.exp(10 * s[0, 0]).sum())
+
+
+def test_global_factor_means_closed_form():
+    mu = np.arange(24, dtype=np.float64).reshape(4, 2, 3)
+    assert np.allclose(global_factor_means(mu), mu.sum(0) / 4.25)
+
+
+def _update(arrays, mu, logvar) -> ClientUpdate:
+    return ClientUpdate({k: v.copy() for k, v in arrays.items()},
+                        {"mu": mu.astype(np.float32), "logvar": logvar.astype(np.float32)}, 10)
+
+
+def test_blockwise_mixing_identical_clients_returns_same_model_and_alpha():
+    init = FedIIHTrainer.initial_arrays(12, 3, SMALL)
+    rng = np.random.default_rng(2)
+    mus = rng.normal(size=(3, 2, 8))
+    updates = {c: _update(init, mus[c], rng.normal(size=(2, 8))) for c in range(3)}
+    res = FedIIHAggregator(SMALL, [0, 1, 2], init).aggregate(1, updates)
+    for c in range(3):
+        for name, value in init.items():
+            assert res.payloads[c][name].dtype == value.dtype
+            assert np.allclose(res.payloads[c][name], value, atol=1e-6)
+        assert np.allclose(res.payloads[c][PRIOR_KEY], mus.sum(0) / 3.25, atol=1e-6)
+    assert set(res.diagnostics) == {"similarity.0", "similarity.1"}
+    assert all(m.shape == (3, 3) for m in res.diagnostics.values())
+
+
+def test_blockwise_mixing_uses_each_factors_own_weights():
+    """Client 0's factor-k blocks are Σ_j β^k_0j × client j's factor-k blocks."""
+    rng = np.random.default_rng(3)
+    m, k, d, feats, classes = 3, 2, 4, 5, 3
+    arrays = [{"pca.weight": rng.normal(size=(k * d, feats)).astype(np.float32),
+               "pca.bias": rng.normal(size=k * d).astype(np.float32),
+               "clf.weight": rng.normal(size=(classes, k * d)).astype(np.float32),
+               "clf.bias": rng.normal(size=classes).astype(np.float32)} for _ in range(m)]
+    mu, lv = rng.normal(size=(m, k, d)), 0.3 * rng.normal(size=(m, k, d))
+    updates = {c: _update(arrays[c], mu[c], lv[c]) for c in range(m)}
+    res = FedIIHAggregator({"fediih-tau": 2.0}, list(range(m)), arrays[0]).aggregate(1, updates)
+    beta = similarity_weights(factor_similarity(mu, lv), 2.0)
+    assert not np.allclose(beta[0], beta[1])  # the factors really get different weights
+    out = res.payloads[0]
+    for f in range(k):
+        rows = slice(f * d, (f + 1) * d)
+        exp_w = sum(beta[f, 0, j] * arrays[j]["pca.weight"][rows] for j in range(m))
+        exp_b = sum(beta[f, 0, j] * arrays[j]["pca.bias"][rows] for j in range(m))
+        exp_c = sum(beta[f, 0, j] * arrays[j]["clf.weight"][:, rows] for j in range(m))
+        assert np.allclose(out["pca.weight"][rows], exp_w, atol=1e-6)
+        assert np.allclose(out["pca.bias"][rows], exp_b, atol=1e-6)
+        assert np.allclose(out["clf.weight"][:, rows], exp_c, atol=1e-6)
+    assert np.allclose(out["clf.bias"], np.mean([a["clf.bias"] for a in arrays], 0), atol=1e-6)
+    direct = blockwise_mix(np.stack([a["pca.bias"].reshape(k, d) for a in arrays]), beta)
+    assert np.allclose(direct[2].reshape(-1), res.payloads[2]["pca.bias"], atol=1e-6)
+
+
+# --- trainer --------------------------------------------------------------------------------
+def test_upload_and_signature_do_not_scale_with_nodes():
+    shapes = []
+    for n in (40, 90):
+        tr = FedIIHTrainer(random_graph(n), SMALL, 3, CPU)
+        tr.train(1)
+        up, sig = tr.upload(), tr.signature()
+        assert set(up) == {"pca.weight", "pca.bias", "clf.weight", "clf.bias"}
+        assert sig["mu"].shape == sig["logvar"].shape == (2, 8) and sig["mu"].dtype == np.float32
+        shapes.append(({k: v.shape for k, v in up.items()}, {k: v.shape for k, v in sig.items()}))
+    assert shapes[0] == shapes[1]
+    assert {k: v.shape for k, v in FedIIHTrainer.initial_arrays(12, 3, SMALL).items()} == shapes[0][0]
+
+
+def _run(config, data, epochs=2, seed=5):
+    tr = FedIIHTrainer(data, config, 3, CPU)
+    torch.manual_seed(seed)
+    metrics = tr.train(epochs)
+    return tr, metrics
+
+
+def test_training_is_deterministic():
+    data = random_graph(60)
+    (a, ma), (b, mb) = _run(SMALL, data), _run(SMALL, data)
+    assert ma == mb
+    for k, v in a.upload().items():
+        assert np.array_equal(v, b.upload()[k])
+    assert all(np.array_equal(a.signature()[k], b.signature()[k]) for k in ("mu", "logvar"))
+
+
+def test_code_mode_elbo_moves_only_alpha_hat_paper_mode_trains_encoder():
+    data = random_graph(60)
+    fresh = FedIIHTrainer(data, SMALL, 3, CPU)
+    code, _ = _run(SMALL, data)
+    paper, _ = _run({**SMALL, "fediih-mode": "paper"}, data)
+    # Step A is identical in both modes; Step B only differs in what it updates.
+    assert np.array_equal(code.upload()["clf.weight"], paper.upload()["clf.weight"])
+    assert not np.allclose(code.upload()["pca.weight"], paper.upload()["pca.weight"])
+    assert not torch.allclose(code.alpha_local, fresh.alpha_local)
+    # In code mode the model after train() equals a classification-only run.
+    cls_only = FedIIHTrainer(data, SMALL, 3, CPU)
+    torch.manual_seed(5)
+    cls_only.model.train()
+    for _ in range(2):
+        cls_only.optimizer.zero_grad()
+        cls_only.classification_loss(cls_only.model(data.x, data.edge_index), data.train_mask).backward()
+        cls_only.optimizer.step()
+    for k, v in cls_only.upload().items():
+        assert np.array_equal(v, code.upload()[k])
+
+
+def test_binary_task_uses_one_logit_and_roc_auc():
+    data = random_graph(80, num_classes=2)
+    tr = FedIIHTrainer(data, SMALL, 2, CPU)
+    assert tr.upload()["clf.weight"].shape == (1, 16)
+    metrics = tr.train(1) | tr.evaluate()
+    assert 0.0 <= metrics["val_metric"] <= 1.0 and math.isfinite(metrics["val_loss"])
+
+
+def test_config_defaults_are_plain_scalars():
+    assert all(k.startswith("fediih-") for k in CONFIG_DEFAULTS)
+    assert all(isinstance(v, (str, int, float, bool)) for v in CONFIG_DEFAULTS.values())
+
+
+# --- a small federation by hand -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def cora(data_root):
+    import torch_geometric.transforms as T
+    from torch_geometric.datasets import Planetoid
+
+    ds = Planetoid(str(data_root), "Cora",
+                   transform=T.Compose([T.LargestConnectedComponents(), T.NormalizeFeatures()]))
+    return ds[0]
+
+
+def split_clients(graph: Data, num_clients: int, seed: int = 0) -> list[Data]:
+    """Random 20/40/40 split, then contiguous chunks of a random node order per client."""
+    n = graph.num_nodes
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=g)
+    n_train, n_test = int(0.2 * n), round(0.4 * n)
+    train = torch.zeros(n, dtype=torch.bool)
+    train[perm[:n_train]] = True
+    test = torch.zeros(n, dtype=torch.bool)
+    test[perm[n_train:n_train + n_test]] = True
+    val = ~(train | test)
+    clients = []
+    for chunk in torch.randperm(n, generator=g).chunk(num_clients):
+        nodes = chunk.sort().values
+        edge_index, _ = subgraph(nodes, graph.edge_index, relabel_nodes=True, num_nodes=n)
+        clients.append(Data(x=graph.x[nodes], edge_index=edge_index, y=graph.y[nodes],
+                            train_mask=train[nodes], val_mask=val[nodes], test_mask=test[nodes]))
+    return clients
+
+
+def test_small_federation_improves_validation_accuracy(cora):
+    clients = split_clients(cora, 3)
+    config = {**SMALL, "hidden": 16, "lr": 0.05}
+    init = FedIIHTrainer.initial_arrays(cora.num_features, 7, config)
+    aggregator = FedIIHAggregator(config, [0, 1, 2], init)
+    payloads, states, mean_val = {c: init for c in range(3)}, {}, []
+    for rnd in range(1, 5):
+        updates, vals = {}, []
+        for c, data in enumerate(clients):  # as the engine: rebuild, restore, load, seed, train
+            tr = FedIIHTrainer(data, config, 7, CPU)
+            if c in states:
+                tr.load_local_state(states[c])
+            tr.load_payload(payloads[c])
+            if rnd > 1:
+                assert np.allclose(tr.alpha_global.numpy(), payloads[c][PRIOR_KEY])
+            torch.manual_seed(1000 * rnd + c)
+            metrics = tr.train(2) | tr.evaluate()
+            vals.append(metrics["val_metric"])
+            updates[c] = ClientUpdate(tr.upload(), tr.signature(), int(data.train_mask.sum()), metrics)
+            states[c] = tr.local_state()
+        result = aggregator.aggregate(rnd, updates)
+        payloads = result.payloads
+        mean_val.append(float(np.mean(vals)))
+    assert mean_val[-1] > mean_val[0] + 0.2, mean_val
