@@ -1,0 +1,47 @@
+"""FedPer (Arivazhagan et al. 2019): shared body, personal classifier head.
+
+On the plain GCN backbone the head is the last convolution ``convs.{L-1}``
+(for the 2-layer GCN, ``convs.1``): it never leaves the client and the server
+never overwrites it. The body (``convs.0`` ... ``convs.{L-2}``) is averaged with
+FedAvg over the shared keys only. The head fraction of the model is the paper's
+only design knob; here it is fixed by the backbone (the last layer), so FedPer
+has no algorithm-specific config key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch_geometric.data import Data
+
+from .base import Arrays, Config
+from .fedavg import FedAvgAggregator, GCNTrainer
+
+CONFIG_DEFAULTS: dict[str, Any] = {}
+
+
+def head_prefix(config: Config) -> str:
+    """Parameter-name prefix of the personal head: the last GCN layer (trailing dot: convs.1 ≠ convs.10)."""
+    return f"convs.{int(config['num-layers']) - 1}."
+
+
+class FedPerTrainer(GCNTrainer):
+    """GCN whose last layer is personal (kept in local state, never uploaded)."""
+
+    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+        super().__init__(data, config, num_classes, device)
+        self.local_keys = (head_prefix(config),)
+
+    def is_local(self, name: str) -> bool:
+        return name.startswith(self.local_keys[0])
+
+    @classmethod
+    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+        head = head_prefix(config)
+        full = super().initial_arrays(num_features, num_classes, config)
+        return {k: v for k, v in full.items() if not k.startswith(head)}
+
+
+class FedPerAggregator(FedAvgAggregator):
+    """FedAvg over the uploaded (body) arrays; heads never reach the server."""

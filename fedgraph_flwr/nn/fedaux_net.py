@@ -1,0 +1,112 @@
+"""The FedAux client model: (masked) 2-layer GCN, APV soft-sorting branch, linear head.
+
+Forward (spec §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
+
+    h = dropout(relu(conv2(dropout(relu(conv1(x))))))      h [N, d']
+    s = score(h, apv)                                        s [N]
+    z = Σ_j κ(s_i, s_j) h_j / Σ_j κ(s_i, s_j)               z [N, d']  (variant "soft")
+      | unsort(Conv1D(sort(s ⊙ h)))                                    (variant "hard")
+    logits = classifier([h ‖ z])                             [N, C]
+
+Parameter names: ``conv{1,2}.*``, ``apv`` [d'], ``classifier.*``, ``hard_conv.*``
+(hard variant only); in the masked variant every mask is called ``*.mask``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GCNConv
+
+from .apv_kernel import KERNEL_IMPLS, SCORE_MODES, HardSortConv1d, apv_scores, kernel_smooth
+from .masked import MaskedGCNConv, MaskedLinear
+
+VARIANTS = ("soft", "hard")
+APV_INITS = ("normal", "uniform")
+
+
+class FedAuxNet(nn.Module):
+    """GCN backbone of width ``hidden`` (= APV dimension d') plus the APV branch."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        num_classes: int,
+        dropout: float = 0.5,
+        masked: bool = True,
+        variant: str = "soft",
+        score_mode: str = "cosine",
+        sigma: float = 1.0,
+        kernel_impl: str = "auto",
+        dense_max_nodes: int = 4096,
+        apv_init: str = "normal",
+        hard_kernel_size: int = 3,
+    ) -> None:
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown fedaux-variant {variant!r}; valid: {', '.join(VARIANTS)}")
+        if score_mode not in SCORE_MODES:
+            raise ValueError(f"unknown fedaux-score {score_mode!r}; valid: {', '.join(SCORE_MODES)}")
+        if kernel_impl not in KERNEL_IMPLS:
+            raise ValueError(f"unknown fedaux-kernel {kernel_impl!r}; valid: {', '.join(KERNEL_IMPLS)}")
+        if apv_init not in APV_INITS:
+            raise ValueError(f"unknown fedaux-apv-init {apv_init!r}; valid: {', '.join(APV_INITS)}")
+        if sigma <= 0:
+            raise ValueError("fedaux-sigma must be > 0")
+        self.dropout = dropout
+        self.variant = variant
+        self.score_mode = score_mode
+        self.sigma = sigma
+        self.kernel_impl = kernel_impl
+        self.dense_max_nodes = dense_max_nodes
+        self.apv_init = apv_init
+        # cached=True: a trainer only ever sees its own fixed subgraph.
+        if masked:
+            self.conv1 = MaskedGCNConv(in_channels, hidden_channels, cached=True)
+            self.conv2 = MaskedGCNConv(hidden_channels, hidden_channels, cached=True)
+        else:
+            self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
+            self.conv2 = GCNConv(hidden_channels, hidden_channels, cached=True)
+        self.apv = nn.Parameter(torch.empty(hidden_channels))
+        self.hard_conv = HardSortConv1d(hidden_channels, hard_kernel_size) if variant == "hard" else None
+        self.classifier = (MaskedLinear(2 * hidden_channels, num_classes) if masked
+                           else nn.Linear(2 * hidden_channels, num_classes))
+        self.reset_apv()
+
+    def reset_apv(self) -> None:
+        """a ~ N(0, I) (paper) or U(0, 1) (reference code's MaskedGCN variants)."""
+        with torch.no_grad():
+            if self.apv_init == "normal":
+                self.apv.normal_()
+            else:
+                self.apv.uniform_()
+
+    def reset_parameters(self) -> None:
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
+        self.reset_apv()
+        if self.hard_conv is not None:
+            self.hard_conv.reset_parameters()
+        self.classifier.reset_parameters()
+
+    def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Post-ReLU, post-dropout node embeddings h [N, d']."""
+        h = F.dropout(F.relu(self.conv1(x, edge_index)), p=self.dropout, training=self.training)
+        return F.dropout(F.relu(self.conv2(h, edge_index)), p=self.dropout, training=self.training)
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Node coordinates on the APV axis, s [N]."""
+        return apv_scores(h, self.apv, self.score_mode)
+
+    def aggregate(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The APV branch's output z [N, d'] (soft sorting or the hard ablation)."""
+        if self.hard_conv is not None:
+            return self.hard_conv(h, s)
+        return kernel_smooth(s, h, self.sigma, self.kernel_impl, self.dense_max_nodes)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x, edge_index)
+        z = self.aggregate(h, self.scores(h))
+        return self.classifier(torch.cat([h, z], dim=1))
