@@ -265,7 +265,7 @@ class PersonalizedStrategy(Strategy):
         from ..summary import format_summary
 
         self.log(format_summary(fed.results()))
-        self.log(f"results written to {out}")
+        self.log(f"results written to {out.resolve()}")
 
     def _fed(self) -> Federation:
         if self.federation is None:
