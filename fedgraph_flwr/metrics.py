@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 METRICS = ("accuracy", "roc_auc")
 
@@ -21,6 +20,8 @@ def score(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, metric: str
     if metric == "accuracy":
         return float((out.argmax(dim=-1) == target).float().mean())
     if metric == "roc_auc":
+        from sklearn.metrics import roc_auc_score  # lazy: sklearn costs ~1.5 s per fresh ClientApp process
+
         t = target.detach().cpu().numpy()
         if len(np.unique(t)) < 2:
             return float("nan")

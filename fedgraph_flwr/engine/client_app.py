@@ -14,6 +14,7 @@ raising, so the server hears of them at once rather than at the round timeout.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -34,6 +35,8 @@ STATE_KEY = "fedgraph-state"
 
 def _error_reply(message: Message, code: int, exc: BaseException) -> Message:
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    # The data owner sees it in this machine's log too, not only the server.
+    print(f"fedgraph-flwr client error {code}: {reason}", file=sys.stderr, flush=True)
     return Message(Error(code=code, reason=reason), reply_to=message)
 
 

@@ -37,8 +37,10 @@ def make_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
         try:
             run_server(grid, dict(context.run_config), overrides)
         except (ConfigError, RunAborted) as exc:
-            # One line, no traceback: the message says what is wrong and how to fix it.
+            # One line: the message says what is wrong and how to fix it. Re-raised as an
+            # Exception (not SystemExit) so Flower reports the reason to `flwr run --stream`
+            # and `flwr ls` in a deployment instead of a lost heartbeat.
             print(f"fedgraph-flwr: error: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            raise RuntimeError(f"fedgraph-flwr: {exc}") from None
 
     return app

@@ -1,0 +1,190 @@
+"""The deployment's process layout and command lines: one source for README, compose and tests.
+
+Every long-running process of a deployment, as Flower 1.41 lays it out with
+``--isolation process`` (its Docker guide's layout):
+
+- ``superlink``: ``flower-superlink``; one TLS port serves the Fleet API (SuperNodes),
+  the Control API (``flwr run``, ``flwr supernode register``) and the Runtime API
+  (the ServerApp executor). SuperNode authentication on.
+- ``superexec-serverapp``: ``flower-superexec`` next to the SuperLink; starts one
+  ServerApp process per run.
+- per data owner ``i``: ``supernode-<i>`` (``flower-supernode``, its own partition
+  file in ``--node-config``, its own auth key) and ``superexec-clientapp-<i>``
+  (``flower-superexec`` on the same host; starts a ClientApp process per message).
+  The SuperNode's Runtime API listens on 127.0.0.1 only, with TLS.
+
+``tests/test_deploy.py`` starts exactly these commands on 127.0.0.1;
+``deploy/docker-compose.yml`` runs them in containers (``tests/test_compose.py``
+checks it against this module); ``deploy/README.md`` prints them for N machines
+(the same test checks the README's command lines against :func:`readme_commands`).
+
+Plain Python, no third-party imports: the tests load it by path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import PurePosixPath
+
+# --- names and ports -----------------------------------------------------------------
+SUPERLINK_PORT = 8000  # the SuperLink's one port (Fleet + Control + Runtime API; Flower's default)
+SUPERNODE_RUNTIME_PORT = 9094  # each SuperNode's Runtime API, on 127.0.0.1 of its host
+NUM_SUPERNODES = 3  # the compose file's federation (the e2e test's too)
+CONNECTION = "fedgraph"  # the SuperLink connection name in $FLWR_HOME/config.toml
+SERVERAPP_EXECUTOR = "superexec-serverapp"
+TLS_CERT_NAME = "superlink"  # make_tls.py --name for the SuperLink's certificate
+RUNTIME_CERT_NAME = "runtime"  # make_tls.py --name for a SuperNode's Runtime API certificate
+
+# Where things live inside the containers (docker-compose.yml mounts them here).
+CONTAINER_APP = PurePosixPath("/app")
+CONTAINER_TLS = CONTAINER_APP / "tls"
+CONTAINER_KEYS = CONTAINER_APP / "keys"
+CONTAINER_DATA = CONTAINER_APP / "data"
+CONTAINER_STATE = CONTAINER_APP / "state"
+CONTAINER_OUTPUTS = CONTAINER_APP / "outputs"
+CONTAINER_NODE_TLS = CONTAINER_APP / "node-tls"
+CONTAINER_FLWR_HOME = CONTAINER_APP / "flwr-home"
+
+# What deploy/scripts/prepare.py writes under deploy/generated/ (the compose file mounts it).
+GENERATED = "generated"
+GEN_TLS = f"{GENERATED}/tls"
+GEN_KEYS = f"{GENERATED}/keys"
+GEN_PARTITIONS = f"{GENERATED}/partitions"
+GEN_STATE = f"{GENERATED}/state"
+GEN_OUTPUTS = f"{GENERATED}/outputs"
+GEN_NODE_TLS = f"{GENERATED}/node-tls"
+GEN_FLWR_HOME = f"{GENERATED}/flwr-home"  # the host's flwr CLI -> 127.0.0.1:SUPERLINK_PORT
+GEN_FLWR_HOME_COMPOSE = f"{GENERATED}/flwr-home-compose"  # the register service -> superlink
+
+# Environment every executor gets: a tighter task poll than Flower's 1 s default
+# (a round on a small graph takes well under a second of compute).
+EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+
+
+def supernode_name(i: int) -> str:
+    return f"supernode-{i}"
+
+
+def clientapp_executor_name(i: int) -> str:
+    return f"superexec-clientapp-{i}"
+
+
+def partition_file_name(i: int) -> str:
+    """The file data owner ``i`` holds (``client_<i>`` also names its partition id)."""
+    return f"client_{i}.npz"
+
+
+# --- command lines ---------------------------------------------------------------------
+def superlink_cmd(ca: str, cert: str, key: str, host: str = "0.0.0.0",
+                  port: int = SUPERLINK_PORT, database: str | None = None) -> list[str]:
+    """``flower-superlink`` with TLS, SuperNode auth, no runtime ``uv sync``, process isolation."""
+    cmd = [
+        "flower-superlink",
+        "--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key,
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+        "--isolation", "process",
+        "--host", host, "--port", str(port),
+    ]
+    if database:
+        cmd += ["--database", database]
+    return cmd
+
+
+def executor_cmd(ca: str, runtime_address: str) -> list[str]:
+    """``flower-superexec``: runs the ServerApp/ClientApp processes for a SuperLink/SuperNode."""
+    return ["flower-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
+
+
+def node_config(partition_file: str, partition_id: int | None = None) -> str:
+    """The ``--node-config`` value: strings need TOML quotes, or Flower rejects the value."""
+    value = f'partition-file="{partition_file}"'
+    if partition_id is not None:
+        value += f" partition-id={partition_id}"
+    return value
+
+
+def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
+                  runtime_cert: str, runtime_key: str, runtime_ca: str,
+                  runtime_port: int = SUPERNODE_RUNTIME_PORT,
+                  partition_id: int | None = None) -> list[str]:
+    """``flower-supernode``: TLS to the SuperLink, auth key, its partition, local Runtime API."""
+    return [
+        "flower-supernode",
+        "--superlink", superlink,
+        "--root-certificates", ca,
+        "--auth-supernode-private-key", auth_key,
+        "--node-config", node_config(partition_file, partition_id),
+        "--isolation", "process",
+        "--host", "127.0.0.1", "--port", str(runtime_port),
+        "--ssl-certfile", runtime_cert, "--ssl-keyfile", runtime_key, "--ssl-ca-certfile", runtime_ca,
+    ]
+
+
+def register_cmd(public_key: str, connection: str = CONNECTION) -> list[str]:
+    return ["flwr", "supernode", "register", public_key, connection]
+
+
+def run_cmd(app: str = ".", connection: str = CONNECTION, run_config: str | None = None,
+            stream: bool = True) -> list[str]:
+    cmd = ["flwr", "run", app, connection]
+    if run_config:
+        cmd += ["--run-config", run_config]
+    if stream:
+        cmd.append("--stream")
+    return cmd
+
+
+def connection_toml(address: str, root_certificates: str, name: str = CONNECTION) -> str:
+    """The block that goes into ``$FLWR_HOME/config.toml`` (``~/.flwr/config.toml``)."""
+    return (f"[superlink.{name}]\n"
+            f'address = "{address}"\n'
+            f'root-certificates = "{root_certificates}"\n')
+
+
+def make_tls_cmd(out: str, name: str, hosts: list[str]) -> list[str]:
+    cmd = ["python", "deploy/scripts/make_tls.py", "--out", out, "--name", name]
+    for host in hosts:
+        cmd += ["--host", host]
+    return cmd
+
+
+def make_keys_cmd(out: str, names: list[str]) -> list[str]:
+    return ["python", "deploy/scripts/make_keys.py", "--out", out, *names]
+
+
+def shell(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    """One copy-pasteable shell line (``VAR=value ... cmd`` when ``env`` is given)."""
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return prefix + shlex.join(cmd)
+
+
+# --- the README's N-machine walk-through (rendered with its placeholder values) -------------
+README_HOST = "superlink.example.org"
+README_CA_PATH = "/home/operator/fedgraph/tls/ca.crt"  # absolute: the CLI reads it from anywhere
+README_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=100 '
+                     'output-dir="/srv/fedgraph/outputs" run-name="cora-fedaux"')
+
+
+def readme_commands() -> dict[str, str]:
+    """Each command of deploy/README.md, keyed by step; the README must contain each verbatim."""
+    addr = f"{README_HOST}:{SUPERLINK_PORT}"
+    return {
+        "tls": shell(make_tls_cmd("tls", TLS_CERT_NAME, [README_HOST])),
+        "keys": shell(make_keys_cmd("keys", ["supernode-0"])),
+        "superlink": shell(superlink_cmd("tls/ca.crt", f"tls/{TLS_CERT_NAME}.pem",
+                                         f"tls/{TLS_CERT_NAME}.key", database="state/superlink.db")),
+        "serverapp-executor": shell(executor_cmd("tls/ca.crt", f"127.0.0.1:{SUPERLINK_PORT}"),
+                                    EXECUTOR_ENV),
+        "register": shell(register_cmd("keys/supernode-0.pub")),
+        "runtime-tls": shell(make_tls_cmd("node-tls", RUNTIME_CERT_NAME, [])),
+        "supernode": shell(supernode_cmd(
+            addr, "ca.crt", "keys/supernode-0", "/srv/fedgraph/client_0.npz",
+            f"node-tls/{RUNTIME_CERT_NAME}.pem", f"node-tls/{RUNTIME_CERT_NAME}.key",
+            "node-tls/ca.crt")),
+        "clientapp-executor": shell(executor_cmd("node-tls/ca.crt",
+                                                 f"127.0.0.1:{SUPERNODE_RUNTIME_PORT}"),
+                                    EXECUTOR_ENV),
+        "connection": connection_toml(addr, README_CA_PATH),
+        "run": shell(run_cmd(run_config=README_RUN_CONFIG)),
+    }

@@ -1,0 +1,289 @@
+"""deploy/docker-compose.yml, Dockerfile, prepare.py and README against the project.
+
+No Docker needed: the compose file is parsed with PyYAML, every command line is
+parsed by the installed Flower's own argument parsers, every host path is checked
+against what deploy/scripts/prepare.py writes, and the process layout is checked
+against deploy/layout.py, the module deploy/local_cluster.py (tests/test_deploy.py)
+builds its command lines from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+L = _load("layout", DEPLOY / "layout.py")
+make_compose = _load("deploy_make_compose", DEPLOY / "scripts" / "make_compose.py")
+N = L.NUM_SUPERNODES
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, reference_partitions) -> Path:
+    """What prepare.py writes (into a temp folder, never into deploy/)."""
+    out = tmp_path_factory.mktemp("prepared") / "generated"
+    subprocess.run([sys.executable, str(DEPLOY / "scripts" / "prepare.py"), "--from-dir",
+                    str(reference_partitions), "--out", str(out)], check=True, cwd=ROOT,
+                   capture_output=True)
+    return out
+
+
+def _parser(program: str):
+    if program == "flower-superlink":
+        from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+
+        return _parse_args_run_superlink()
+    if program == "flower-supernode":
+        from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+        return _parse_args_run_supernode()
+    if program == "flower-superexec":
+        from flwr.supercore.cli.flower_superexec import _parse_args
+
+        return _parse_args()
+    raise AssertionError(f"unexpected program {program}")
+
+
+def _args(service: dict):
+    cmd = service["command"]
+    return _parser(cmd[0]).parse_args([str(a) for a in cmd[1:]])
+
+
+def _mounts(service: dict) -> dict[str, tuple[str, bool]]:
+    """container path -> (host path, read-only)."""
+    out = {}
+    for volume in service.get("volumes", []):
+        host, container, *mode = volume.split(":")
+        out[container] = (host, mode == ["ro"])
+    return out
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_compose_file_is_rendered_from_the_layout(compose):
+    """Edits go to layout.py / make_compose.py; the file is their output, byte for byte."""
+    assert compose == make_compose.render()
+    assert (DEPLOY / "docker-compose.yml").read_text() == make_compose.text()
+
+
+def test_process_layout(services):
+    """One SuperLink + its ServerApp executor, N >= 3 SuperNodes each with a CPU and a GPU executor."""
+    assert N >= 3
+    expected = {"superlink", L.SERVERAPP_EXECUTOR, "register"}
+    for i in range(N):
+        expected |= {L.supernode_name(i), L.clientapp_executor_name(i),
+                     L.clientapp_executor_name(i) + "-gpu"}
+    assert set(services) == expected
+    programs = {name: s["command"][0] for name, s in services.items()}
+    assert programs["superlink"] == "flower-superlink"
+    assert sum(p == "flower-supernode" for p in programs.values()) == N
+    assert sum(p == "flower-superexec" for p in programs.values()) == 1 + 2 * N
+    # Every program is a console script of the installed flwr (the image installs the same pin).
+    from importlib.metadata import entry_points
+
+    scripts = {e.name for e in entry_points(group="console_scripts")}
+    assert {p for p in programs.values() if p != "python"} <= scripts
+
+
+def test_commands_parse_with_flowers_own_parsers(services):
+    for name, service in services.items():
+        if service["command"][0] == "python":
+            continue
+        _args(service)  # argparse exits (SystemExit) on any unknown/invalid flag
+
+
+def test_superlink_is_secure_and_ports_are_consistent(services):
+    link = _args(services["superlink"])
+    assert not link.insecure and link.enable_supernode_auth
+    assert link.ssl_certfile and link.ssl_keyfile and link.ssl_ca_certfile
+    assert link.runtime_dependency_install is False
+    assert link.isolation == "process" and link.host == "0.0.0.0"
+    assert link.port == L.SUPERLINK_PORT
+    assert services["superlink"]["ports"] == [f"{link.port}:{link.port}"]
+    mounts = _mounts(services["superlink"])
+    for path in (link.ssl_certfile, link.ssl_keyfile, link.ssl_ca_certfile):
+        assert mounts[path][1], f"{path} must be mounted read-only"
+    assert link.database.startswith(str(L.CONTAINER_STATE))
+
+    serverapp = services[L.SERVERAPP_EXECUTOR]
+    exe = _args(serverapp)
+    assert serverapp["network_mode"] == "service:superlink"
+    assert exe.runtime_api_address == f"127.0.0.1:{link.port}" and not exe.insecure
+    assert exe.root_certificates == link.ssl_ca_certfile
+    assert _mounts(serverapp)[str(L.CONTAINER_OUTPUTS)][1] is False  # results are written here
+
+    for i in range(N):
+        node = _args(services[L.supernode_name(i)])
+        assert node.superlink == f"superlink:{link.port}" and not node.insecure
+        assert node.root_certificates == link.ssl_ca_certfile
+        assert node.isolation == "process" and node.host == "127.0.0.1"
+        assert node.ssl_certfile and node.ssl_keyfile and node.ssl_ca_certfile
+        for suffix in ("", "-gpu"):
+            executor = services[L.clientapp_executor_name(i) + suffix]
+            exe = _args(executor)
+            assert executor["network_mode"] == f"service:{L.supernode_name(i)}"
+            assert exe.runtime_api_address == f"127.0.0.1:{node.port}" and not exe.insecure
+            assert exe.root_certificates == node.ssl_ca_certfile
+
+
+def test_each_supernode_has_its_own_partition_read_only(services):
+    from flwr.common.config import parse_config_args
+
+    from fedgraph_flwr.engine.client_runtime import identify
+
+    ids = []
+    for i in range(N):
+        name = L.supernode_name(i)
+        node = _args(services[name])
+        node_config = parse_config_args([node.node_config])
+        path = node_config["partition-file"]
+        assert PurePosixPath(path).parent == L.CONTAINER_DATA
+        ids.append(identify(node_config, {"num-clients": N}).partition_id)
+        # The ClientApp runs in the executor: the file must be there, read-only; only its own.
+        for service in (name, L.clientapp_executor_name(i), L.clientapp_executor_name(i) + "-gpu"):
+            mounts = _mounts(services[service])
+            assert mounts[path] == (f"./{L.GEN_PARTITIONS}/{PurePosixPath(path).name}", True)
+            data = [c for c in mounts if c.startswith(str(L.CONTAINER_DATA))]
+            assert data == [path], f"{service} sees other partitions: {data}"
+        # Its own private key only; the CA's key nowhere.
+        mounts = _mounts(services[name])
+        assert mounts[node.auth_supernode_private_key] == (f"./{L.GEN_KEYS}/{name}", True)
+        assert [c for c in mounts if c.startswith(str(L.CONTAINER_KEYS))] == [
+            node.auth_supernode_private_key]
+    assert ids == list(range(N))  # unique, 0..N-1
+    for service in services.values():
+        assert not any(c.endswith("ca.key") or h.endswith("ca.key")
+                       for c, (h, _) in _mounts(service).items())
+
+
+def test_register_service_registers_every_supernode_key(services):
+    register = services["register"]
+    cmd = register["command"]
+    assert cmd[:2] == ["python", str(L.CONTAINER_APP / "deploy/scripts/register_keys.py")]
+    assert (DEPLOY / "scripts" / "register_keys.py").is_file()
+    assert cmd[cmd.index("--connection") + 1] == L.CONNECTION
+    keys = [c for c in cmd if c.endswith(".pub")]
+    assert keys == [str(L.CONTAINER_KEYS / f"{L.supernode_name(i)}.pub") for i in range(N)]
+    mounts = _mounts(register)
+    assert all(mounts[k][1] for k in keys)
+    assert not any(c.startswith(str(L.CONTAINER_KEYS)) and not c.endswith(".pub") for c in mounts)
+    for i in range(N):
+        assert services[L.supernode_name(i)]["depends_on"] == {
+            "register": {"condition": "service_completed_successfully"}}
+
+
+def test_gpu_reservation_is_an_opt_in_profile(services):
+    core = ["superlink", L.SERVERAPP_EXECUTOR, "register", *[L.supernode_name(i) for i in range(N)]]
+    assert all("profiles" not in services[s] and "deploy" not in services[s] for s in core)
+    for i in range(N):
+        cpu, gpu = services[L.clientapp_executor_name(i)], services[L.clientapp_executor_name(i) + "-gpu"]
+        assert cpu["profiles"] == ["cpu"] and "deploy" not in cpu
+        assert gpu["profiles"] == ["gpu"]
+        devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+
+
+def test_every_host_path_is_written_by_prepare(services, prepared):
+    """Each bind mount's host side exists after prepare.py (compose resolves ./ from deploy/)."""
+    for name, service in services.items():
+        for container, (host, _) in _mounts(service).items():
+            assert host.startswith(f"./{L.GENERATED}/"), (name, host)
+            assert (prepared.parent / host[2:]).exists(), f"{name}: prepare.py does not write {host}"
+    assert sorted(p.name for p in (prepared / "partitions").iterdir()) == [
+        L.partition_file_name(i) for i in range(N)]
+    env = dict(line.split("=", 1) for line in (prepared / ".env").read_text().split())
+    assert env["COMPOSE_PROFILES"] == "cpu" and env["FEDGRAPH_UID"].isdigit()
+    host_cfg = tomllib.loads((prepared / "flwr-home" / "config.toml").read_text())
+    conn = host_cfg["superlink"][L.CONNECTION]
+    assert conn["address"] == f"127.0.0.1:{L.SUPERLINK_PORT}"
+    assert Path(conn["root-certificates"]).is_file()
+    inner = tomllib.loads((prepared / "flwr-home-compose" / "config.toml").read_text())
+    assert inner["superlink"][L.CONNECTION]["address"] == f"superlink:{L.SUPERLINK_PORT}"
+    # The SuperLink certificate is valid for the service name the SuperNodes dial.
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((prepared / "tls" / "superlink.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"superlink", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
+
+
+def test_image_holds_the_app_the_compose_file_runs():
+    """The Dockerfile copies the modules named in pyproject's components and the scripts."""
+    components = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    copied = [w for line in dockerfile.splitlines() if line.startswith("COPY")
+              for w in line.split()[1:-1]]
+    for ref in components.values():
+        module = ref.split(":")[0].replace(".", "/") + ".py"
+        assert (ROOT / module).is_file() and module in copied, module
+    for src in copied:
+        assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+    assert {"fedgraph_flwr", "deploy/scripts", "pyproject.toml"} <= set(copied)
+    assert "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in dockerfile
+
+
+def test_compose_mirrors_the_loopback_deployment(services):
+    """test_deploy.py's processes (deploy/local_cluster.py) use the same layout functions:
+    the same programs with the same flags, only addresses and paths differ."""
+    def flags(cmd):
+        return [a for a in cmd if str(a).startswith("--")]
+
+    local = _load("deploy_local_cluster", DEPLOY / "local_cluster.py")
+    assert local.L.superlink_cmd is not None and local.L.NUM_SUPERNODES == N
+    ref = {
+        "superlink": L.superlink_cmd("c", "s", "k", database="d"),
+        L.SERVERAPP_EXECUTOR: L.executor_cmd("c", "a:1"),
+        L.supernode_name(0): L.supernode_cmd("a:1", "c", "k", "f", "p", "q", "r"),
+        L.clientapp_executor_name(0): L.executor_cmd("c", "a:1"),
+    }
+    for name, cmd in ref.items():
+        assert services[name]["command"][0] == cmd[0]
+        assert flags(services[name]["command"]) == flags(cmd), name
+    source = (DEPLOY / "local_cluster.py").read_text()
+    for fn in ("superlink_cmd", "executor_cmd", "supernode_cmd", "register_cmd", "run_cmd"):
+        assert f"L.{fn}(" in source, f"local_cluster.py no longer uses layout.{fn}"
+
+
+def test_readme_gives_the_layout_commands_verbatim():
+    readme = (DEPLOY / "README.md").read_text()
+    for step, command in L.readme_commands().items():
+        assert command in readme, f"deploy/README.md lacks the {step} command:\n{command}"
+    local_only = re.search(r"(?s)## Local experiments only(.*?)(\n## |\Z)", readme).group(1)
+    assert "--insecure" not in readme.replace(local_only, "")
+    insecure = [line for line in local_only.splitlines() if line.startswith("flower-")]
+    assert len(insecure) == 2
+    for line in insecure:  # the insecure commands parse, and say so explicitly
+        cmd = shlex.split(line)
+        assert "--insecure" in cmd
+        _parser(cmd[0]).parse_args(cmd[1:])
