@@ -1,0 +1,112 @@
+"""What leaves a client never scales with its node count; bad replies never reach an aggregate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+from torch_geometric.utils import to_undirected
+
+from fedgraph_flwr.algorithms import ALGORITHMS
+from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.engine import client_runtime as rt
+from fedgraph_flwr.engine.federation import ClientReply, Federation
+
+NUM_FEATURES, NUM_CLASSES = 12, 3
+
+
+def _graph(n: int, seed: int) -> Data:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    x = torch.randn(n, NUM_FEATURES, generator=g) + y[:, None].float()
+    edge_index = to_undirected(torch.randint(0, n, (2, 4 * n), generator=g))
+    perm = torch.randperm(n, generator=g)
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    masks[0][perm[: n // 3]] = True
+    masks[1][perm[n // 3: 2 * n // 3]] = True
+    masks[2][perm[2 * n // 3:]] = True
+    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
+                test_mask=masks[2])
+
+
+def _config(algorithm: str) -> dict:
+    cfg = resolve_config(None, {"algorithm": algorithm, "hidden": 8, "num-clients": 2,
+                                "dataset": "SBM", "rounds": 2})
+    cfg.update({"server-round": 1, "num-classes-global": NUM_CLASSES,
+                "num-features-global": NUM_FEATURES, "run-name": "privacy"})
+    return cfg
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_nothing_a_client_sends_scales_with_its_node_count(algorithm):
+    """Two clients, 40 and 400 nodes: every uploaded array, signature and metric has the
+    same shape (the papers' privacy claim: no embeddings, scores or per-node values)."""
+    cfg = _config(algorithm)
+    trainer = ALGORITHMS[algorithm].trainer
+    initial = trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
+    sent = {}
+    for n in (40, 400):
+        out = rt.train_round(_graph(n, seed=n), NUM_CLASSES, cfg, initial, None, 1, 0,
+                             torch.device("cpu"))
+        sent[n] = out
+    small, large = sent[40], sent[400]
+    assert {k: v.shape for k, v in small.upload.items()} == {k: v.shape for k, v in large.upload.items()}
+    assert {k: v.shape for k, v in small.signature.items()} == {
+        k: v.shape for k, v in large.signature.items()}
+    assert set(small.metrics) == set(large.metrics)
+    for arrays in (large.upload, large.signature):
+        assert all(400 not in v.shape for v in arrays.values())
+    # The upload is exactly what the server expects (same names and shapes as round 1's model).
+    assert {k: v.shape for k, v in large.upload.items()} == {k: v.shape for k, v in initial.items()}
+
+
+def _federation(tmp_path) -> Federation:
+    cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 3, "hidden": 8,
+                                "dataset": "SBM", "output-dir": str(tmp_path)})
+    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10,
+                  "num-nodes": 30} for c in range(3)}
+    return Federation(cfg, roster, log=lambda msg: None)
+
+
+def test_poisoned_replies_are_rejected_and_never_aggregated(tmp_path):
+    fed = _federation(tmp_path)
+    good = {k: np.full_like(v, 1.0) for k, v in fed.initial.items()}
+    name = next(iter(good))
+    nan = dict(good, **{name: np.full_like(good[name], np.nan)})
+    wrong_shape = dict(good, **{name: np.zeros((3, 3), dtype=np.float32)})
+    wrong_names = {("x." + k): v for k, v in good.items()}
+    metrics = {"num-train": 10.0, "train_loss": 0.5, "val_metric": 0.5, "test_metric": 0.5}
+    replies = {
+        0: ClientReply(good, {}, metrics),
+        1: ClientReply(nan, {}, metrics),
+        2: ClientReply(wrong_shape, {}, metrics),
+    }
+    record = fed.complete_round(1, [0, 1, 2], replies, {}, {})
+    assert set(record.clients) == {0}
+    assert "NaN or Inf" in record.failures[1]
+    assert "shape" in record.failures[2]
+    for arrays in fed.payloads.values():  # the aggregate is the one good reply, unpoisoned
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(v, good[k])
+    record = fed.complete_round(2, [0, 1, 2], {1: ClientReply(wrong_names, {}, metrics)}, {}, {})
+    assert record.void and "wrong array names" in record.failures[1]
+
+
+def test_min_clients_makes_a_short_round_void(tmp_path):
+    fed = _federation(tmp_path)
+    fed.config["min-clients"] = 2
+    good = {k: np.full_like(v, 1.0) for k, v in fed.initial.items()}
+    record = fed.complete_round(1, [0, 1, 2], {0: ClientReply(good, {}, {"num-train": 10.0})},
+                                {1: "missing", 2: "missing"}, {})
+    assert record.void and fed.payloads == {}
+
+
+def test_partial_participation_samples_by_seed_and_round(tmp_path):
+    fed = _federation(tmp_path)
+    assert fed.sample(1) == [0, 1, 2]
+    fed.config["fraction"] = 0.34
+    picks = [fed.sample(r) for r in range(1, 6)]
+    assert all(len(p) == 1 for p in picks)
+    assert picks == [fed.sample(r) for r in range(1, 6)]  # deterministic
+    assert len({tuple(p) for p in picks}) > 1  # varies with the round
