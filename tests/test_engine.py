@@ -84,7 +84,10 @@ def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
 def test_supernode_count_mismatch_names_the_fix(tmp_path, data_root, capfd):
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 4, "rounds": 1,
            "data-root": str(data_root), "output-dir": str(tmp_path), "handshake-timeout": 2.0}
-    _sim(cfg, num_supernodes=3)
+    # run_simulation re-raises the ServerApp's error; the one-line fix is on stderr too.
+    with pytest.raises(RuntimeError, match="num-supernodes=4"):
+        _sim(cfg, num_supernodes=3)
     err = capfd.readouterr().err
+    assert 'fedgraph-flwr: error: the federation has 3 SuperNodes but num-clients=4' in err
     assert 'flwr run . --federation-config "num-supernodes=4"' in err
     assert not any(tmp_path.iterdir())  # nothing half-written
