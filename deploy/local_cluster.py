@@ -96,6 +96,26 @@ class LocalDeployment:
         cmd, env = self.commands[name]
         return self.start(name, cmd, env)
 
+    def restart_until_online(self, name: str, timeout: float = 180.0) -> None:
+        """Restart SuperNode ``name`` the way a supervisor does (compose's ``restart:``).
+
+        After a crash the SuperLink counts the node's old session as online until two
+        heartbeats are missed (60 s by default) and refuses to activate it again: the
+        SuperNode exits with code 305. Start it again every few seconds until its log
+        shows a new ``SuperNode ID``."""
+        pattern = r"SuperNode ID: \d+"
+        seen = len(re.findall(pattern, self.log(name)))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            proc = self.restart(name)
+            while proc.poll() is None and time.time() < deadline:
+                if len(re.findall(pattern, self.log(name))) > seen:
+                    return
+                time.sleep(0.2)
+            time.sleep(3.0)
+        raise RuntimeError(f"{name} was not activated again within {timeout:.0f}s; its log:\n"
+                           f"{self.log(name)[-3000:]}")
+
     def kill(self, name: str) -> None:
         """SIGKILL the process group: a crash, no goodbye to the SuperLink."""
         try:
