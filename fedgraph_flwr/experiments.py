@@ -11,6 +11,10 @@ A grid file::
     seeds: [0, 1, 2]
     paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
 
+``grid`` may also be a list of such mappings (their union). A cell is
+``algorithm|dataset|partition|num-clients`` plus ``|key=value`` for every other key
+that differs between the runs of one folder (ablation switches).
+
 Cells whose ``results.json`` exists are skipped (resumable). ``--engine flower``
 runs each cell as a Flower simulation; the default ``inprocess`` runs the same
 client and server code without messaging (identical numbers, see
@@ -49,14 +53,17 @@ def load_grid(path: str | Path) -> dict[str, Any]:
 
 def expand(spec: dict[str, Any], seeds: list[int] | None = None) -> list[dict[str, Any]]:
     """Every (cell, seed) as a full override dict, validated before anything runs."""
-    grid = spec["grid"]
-    keys = list(grid)
+    # A list of grids is their union (e.g. ablations that switch one key each).
+    grids = spec["grid"] if isinstance(spec["grid"], list) else [spec["grid"]]
     runs = []
-    for values in itertools.product(*(grid[k] if isinstance(grid[k], list) else [grid[k]] for k in keys)):
-        for seed in seeds if seeds is not None else spec["seeds"]:
-            overrides = dict(spec["base"], **dict(zip(keys, values)), seed=int(seed))
-            resolve_config(None, overrides)  # fail early, before hours of training
-            runs.append(overrides)
+    for grid in grids:
+        keys = list(grid)
+        axes = (grid[k] if isinstance(grid[k], list) else [grid[k]] for k in keys)
+        for values in itertools.product(*axes):
+            for seed in seeds if seeds is not None else spec["seeds"]:
+                overrides = dict(spec["base"], **dict(zip(keys, values)), seed=int(seed))
+                resolve_config(None, overrides)  # fail early, before hours of training
+                runs.append(overrides)
     return runs
 
 
@@ -131,13 +138,27 @@ def run_flower_cell(overrides: dict[str, Any]) -> None:
                                    "init_args": {"include_dashboard": False}})
 
 
+# Config keys that never define a cell (they differ between seeds or machines).
+NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose")
+
+
 def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """results.json files under ``out`` grouped by cell."""
+    """results.json files under ``out`` grouped by cell.
+
+    A cell is ``algorithm|dataset|partition|num-clients`` plus ``|key=value`` for every
+    other run-config key whose value differs between the runs (an ablation switch such
+    as ``fedaux-variant``), so ablations never merge with the main method's seeds.
+    """
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))]
+    keys = sorted({k for r in results for k in r["config"]} - set(CELL_KEYS) - set(NOT_CELL_KEYS))
+    varying = [k for k in keys
+               if len({json.dumps(r["config"].get(k), default=str) for r in results}) > 1]
     cells: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(out.glob("*/results.json")):
-        res = json.loads(path.read_text())
+    for res in results:
         cfg = res["config"]
-        cells.setdefault("|".join(str(cfg[k]) for k in CELL_KEYS), []).append(res)
+        cell = "|".join(str(cfg[k]) for k in CELL_KEYS)
+        cell += "".join(f"|{k}={cfg.get(k)}" for k in varying)
+        cells.setdefault(cell, []).append(res)
     return cells
 
 
