@@ -12,8 +12,8 @@ A grid file::
     paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
 
 ``grid`` may also be a list of such mappings (their union). A cell is
-``algorithm|dataset|partition|num-clients`` plus ``|key=value`` for every other key
-that differs between the runs of one folder (ablation switches).
+``algorithm|dataset|partition|num-clients``, plus ``|key=value`` for every other key in
+which runs of that cell differ (ablation switches).
 
 Cells whose ``results.json`` exists are skipped (resumable). ``--engine flower``
 runs each cell as a Flower simulation; the default ``inprocess`` runs the same
@@ -145,20 +145,23 @@ NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "
 def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     """results.json files under ``out`` grouped by cell.
 
-    A cell is ``algorithm|dataset|partition|num-clients`` plus ``|key=value`` for every
-    other run-config key whose value differs between the runs (an ablation switch such
-    as ``fedaux-variant``), so ablations never merge with the main method's seeds.
+    A cell is ``algorithm|dataset|partition|num-clients``; where runs of one such cell
+    differ in other run-config keys (an ablation switch such as ``fedaux-variant``), each
+    of those keys is appended as ``|key=value`` so ablations never merge with the main
+    method's seeds.
     """
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))]
-    keys = sorted({k for r in results for k in r["config"]} - set(CELL_KEYS) - set(NOT_CELL_KEYS))
-    varying = [k for k in keys
-               if len({json.dumps(r["config"].get(k), default=str) for r in results}) > 1]
-    cells: dict[str, list[dict[str, Any]]] = {}
+    base: dict[str, list[dict[str, Any]]] = {}
     for res in results:
-        cfg = res["config"]
-        cell = "|".join(str(cfg[k]) for k in CELL_KEYS)
-        cell += "".join(f"|{k}={cfg.get(k)}" for k in varying)
-        cells.setdefault(cell, []).append(res)
+        base.setdefault("|".join(str(res["config"][k]) for k in CELL_KEYS), []).append(res)
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for name, group in base.items():
+        keys = sorted({k for r in group for k in r["config"]} - set(CELL_KEYS) - set(NOT_CELL_KEYS))
+        varying = [k for k in keys
+                   if len({json.dumps(r["config"].get(k), default=str) for r in group}) > 1]
+        for res in group:
+            cell = name + "".join(f"|{k}={res['config'].get(k)}" for k in varying)
+            cells.setdefault(cell, []).append(res)
     return cells
 
 

@@ -16,9 +16,9 @@ def _spec(tmp_path):
         "base": {"dataset": "SBM", "num-clients": 2, "rounds": 2, "hidden": 8,
                  "data-root": str(tmp_path / "data")},
         "grid": [{"algorithm": ["fedavg", "local"]},
-                 {"algorithm": "fedaux", "fedaux-server": ["average"]}],
+                 {"algorithm": "fedaux", "fedaux-server": ["personalized", "average"]}],
         "seeds": [0, 1],
-        "paper": {"fedavg|SBM|metis|2|fedaux-server=personalized": 50.0},
+        "paper": {"fedavg|SBM|metis|2": 50.0},
     }
 
 
@@ -26,7 +26,8 @@ def test_expand_list_of_grids_and_validates_early(tmp_path):
     spec = _spec(tmp_path)
     runs = expand(spec)
     assert [(r["algorithm"], r["seed"]) for r in runs] == [
-        ("fedavg", 0), ("fedavg", 1), ("local", 0), ("local", 1), ("fedaux", 0), ("fedaux", 1)]
+        ("fedavg", 0), ("fedavg", 1), ("local", 0), ("local", 1),
+        ("fedaux", 0), ("fedaux", 1), ("fedaux", 0), ("fedaux", 1)]
     assert runs[-1]["fedaux-server"] == "average" and "fedaux-server" not in runs[0]
     spec["grid"] = {"algorithm": ["fedavg", "nonsense"]}
     with pytest.raises(ConfigError, match="nonsense"):
@@ -37,19 +38,19 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     spec = _spec(tmp_path)
     out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
     results = sorted(out.glob("*/results.json"))
-    assert len(results) == 6
+    assert len(results) == 8
     stamps = {p: p.stat().st_mtime_ns for p in results}
     run_grid(spec, tmp_path / "exp", None, "inprocess", {})  # every cell done: nothing reruns
     assert {p: p.stat().st_mtime_ns for p in results} == stamps
 
     md, path_csv = write_tables(out, spec)
     rows = {r["cell"]: r for r in csv.DictReader(path_csv.open())}
-    # fedaux-server differs between runs, so it names the cell (default: personalized).
-    assert set(rows) == {"fedavg|SBM|metis|2|fedaux-server=personalized",
-                         "local|SBM|metis|2|fedaux-server=personalized",
+    # fedaux-server differs between fedaux's runs, so it names those cells; not the others'.
+    assert set(rows) == {"fedavg|SBM|metis|2", "local|SBM|metis|2",
+                         "fedaux|SBM|metis|2|fedaux-server=personalized",
                          "fedaux|SBM|metis|2|fedaux-server=average"}
     assert all(r["seeds"] == "0,1" for r in rows.values())
-    fedavg = rows["fedavg|SBM|metis|2|fedaux-server=personalized"]
+    fedavg = rows["fedavg|SBM|metis|2"]
     mean = float(fedavg["test_at_best_val"].split(" ± ")[0])
     assert fedavg["paper"] == "50.00" and float(fedavg["diff"]) == pytest.approx(mean - 50.0, abs=0.01)
     assert "| fedaux|SBM|metis|2|fedaux-server=average | 0,1 |" in md.read_text()
