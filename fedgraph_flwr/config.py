@@ -173,8 +173,8 @@ def validate(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"
         )
-    if config["partition"] == "files" and not config["partition-dir"]:
-        raise ConfigError("partition=files needs partition-dir=<folder of client_<i> files>")
+    if config["partition"] == "files":
+        _check_partition_dir(str(config["partition-dir"]), int(config["num-clients"]))
     for key in ("rounds", "local-epochs", "num-clients", "hidden", "num-layers"):
         if config[key] <= 0:
             raise ConfigError(f"{key} must be positive, got {config[key]}")
@@ -200,6 +200,23 @@ def validate(config: Mapping[str, Any]) -> None:
         )
     if config["run-name"] and not re.fullmatch(r"[A-Za-z0-9._-]+", config["run-name"]):
         raise ConfigError(f"run-name {config['run-name']!r} may hold only letters, digits, . _ -")
+
+
+def _check_partition_dir(folder: str, num_clients: int) -> None:
+    """partition=files: the folder holds exactly client_0 .. client_<num-clients - 1>."""
+    if not folder:
+        raise ConfigError("partition=files needs partition-dir=<folder of client_<i> files>")
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"partition-dir {path} is not a folder")
+    ids = sorted(int(m.group(1)) for p in path.iterdir()
+                 if (m := re.fullmatch(r"client_(\d+)\.(?:npz|pt)", p.name)))
+    if ids != list(range(num_clients)):
+        raise ConfigError(
+            f"partition-dir {path} holds {len(ids)} client file(s) (ids {ids[:10]}) but "
+            f"num-clients={num_clients}: set num-clients={len(ids)} or point partition-dir "
+            f"at a folder of client_0..client_{num_clients - 1}"
+        )
 
 
 def get_algorithm_or_fail(name: str):
