@@ -3,6 +3,11 @@
     python -m fedgraph_flwr.partition --dataset Cora --num-clients 10 --partition metis \\
         [--data-root D] [--split-seed 1234] [--partition-seed 1234] [--export DIR --format npz]
 
+Prints the per-client table, each client's label histogram, the edge cut (undirected
+edges of the global graph whose endpoints no client holds together) and FedAux's
+non-IIDness ξ = JSD + MMD (spec fedaux.md Eqs. 62-63; definitions in
+``fedgraph_flwr.data.noniid``); all of it is also in the cache's ``manifest.json``.
+
 Also installed as the console script ``fedgraph-partition``. ``--export`` writes the
 clients as ``client_<i>.npz|pt`` + ``stats.json`` (without ``global_id``), the format a
 SuperNode reads with ``--node-config "partition-file=..."``.
@@ -31,6 +36,30 @@ def _table(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _label_table(manifest: dict[str, Any]) -> str:
+    num_classes = int(manifest["num_classes"])
+    width = max(5, len(str(max((max(c["class_hist"]) for c in manifest["clients"]), default=0))) + 1)
+    head = f"{'client':>6}: " + " ".join(f"{'c' + str(j):>{width}}" for j in range(num_classes))
+    lines = ["label histogram (nodes per class):", head, "-" * len(head)]
+    for c in manifest["clients"]:
+        lines.append(f"{c['client']:>6}: " + " ".join(f"{h:>{width}}" for h in c["class_hist"]))
+    return "\n".join(lines)
+
+
+def _diagnostics_lines(manifest: dict[str, Any]) -> str:
+    cut, nn = manifest["diagnostics"]["edge_cut"], manifest["diagnostics"]["noniid"]
+    line = (f"edge cut: {cut['cut']} of {cut['undirected_edges']} undirected edges "
+            f"({100 * cut['cut_fraction']:.2f}%) join different clients")
+    if cut["uncovered"]:
+        line += (f"; {cut['uncovered']} ({100 * cut['uncovered_fraction']:.2f}%) touch a node "
+                 f"in no client")
+    xi = (f"non-IIDness xi = JSD + MMD = {nn['jsd']:.4f} + {nn['mmd']:.4f} = {nn['xi']:.4f} "
+          f"(FedAux Eqs. 62-63; RBF bandwidth {nn['bandwidth']:.4g}"
+          + (f", MMD on <= {nn['max_nodes_per_client']} nodes per client" if nn["subsampled"] else "")
+          + ")")
+    return line + "\n" + xi
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .data.partition import MODES
 
@@ -56,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .data.datasets import DatasetNotAvailable
     from .data.files import SubgraphFileError, export_partitions
-    from .data.partition import ensure_partitions, load_all_clients, read_manifest
+    from .data.partition import ensure_diagnostics, ensure_partitions, load_all_clients
 
     config = {
         "dataset": args.dataset, "num-clients": args.num_clients, "partition": args.partition,
@@ -66,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         folder = ensure_partitions(config)
-        manifest = read_manifest(folder)
+        manifest = ensure_diagnostics(config, folder)  # computes them for an older cache
         if args.export:
             out = export_partitions(load_all_clients(config), args.export, args.format)
     except (DatasetNotAvailable, SubgraphFileError, ValueError) as exc:
@@ -81,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{manifest['mode']} into {manifest['num_clients']} clients, split={manifest['split']} "
           f"(split-seed {manifest['split_seed']}, partition-seed {manifest['partition_seed']})")
     print(_table(manifest))
+    print(_label_table(manifest))
+    print(_diagnostics_lines(manifest))
     print(f"cache: {folder}")
     if args.export:
         print(f"exported {manifest['num_clients']} {args.format} files + stats.json to {out}")

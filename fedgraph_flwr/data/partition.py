@@ -21,6 +21,11 @@ in increasing global id) with x, edge_index, y, train/val/test masks and ``globa
 The cache (``ensure_partitions``) writes ``<data-root>/partitions/<name>/`` with
 ``client_<i>.pt`` (a plain dict of tensors) and ``manifest.json``; several processes may
 call it at once (file lock + build in a temp folder + atomic rename).
+
+``manifest.json`` holds per-client counts (``clients[i].class_hist`` is client i's label
+histogram) and ``diagnostics`` (:mod:`.noniid`): the edge cut and FedAux's non-IIDness
+ξ = JSD + MMD. Manifests written before ``diagnostics`` existed stay valid;
+:func:`ensure_diagnostics` computes the missing block on demand and adds it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
-from . import files
+from . import files, noniid
 from .datasets import canonical_name, default_data_root, get_spec, load_dataset, num_classes_of, user_cache_dir
 from .splits import per_client_split, random_split, split_ratios
 
@@ -355,13 +360,14 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
         stats.append(files.client_stats(client, i, num_classes))
     covered = int((np.bincount(np.concatenate([c.global_id.numpy() for c in clients]),
                                minlength=graph.num_nodes) > 0).sum())
+    diagnostics = noniid.partition_diagnostics(graph, clients, num_classes)
     manifest = {
         "key": dict(key), "dataset": dataset, "mode": key["mode"], "num_clients": key["num_clients"],
         "split": key["split"], "split_seed": key["split_seed"], "partition_seed": key["partition_seed"],
         "num_features": int(graph.num_features), "num_classes": num_classes,
         "graph": {"nodes": int(graph.num_nodes), "edges": int(graph.edge_index.size(1)),
                   "nodes_in_clients": covered},
-        "clients": stats, "files": digests, "versions": _versions(),
+        "clients": stats, "diagnostics": diagnostics, "files": digests, "versions": _versions(),
         "build_seconds": round(time.perf_counter() - t0, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -397,6 +403,45 @@ def ensure_partitions(config: Mapping[str, Any], verify: bool = True) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _has_diagnostics(manifest: Mapping[str, Any]) -> bool:
+    diag = manifest.get("diagnostics")
+    return isinstance(diag, dict) and diag.get("version") == noniid.DIAGNOSTICS_VERSION
+
+
+def ensure_diagnostics(config: Mapping[str, Any], folder: Path | None = None) -> dict[str, Any]:
+    """The partition's manifest with an up-to-date ``diagnostics`` block.
+
+    A manifest from before diagnostics existed (or of an older diagnostics version) gets
+    it computed from the cached clients and the dataset's global graph, and rewritten
+    atomically in place (under the build lock; manifest.json is not checksummed, so the
+    cache stays valid). If the folder cannot be written, the computed block is returned
+    without being stored. ``folder``: the partition's cache folder when the caller
+    already has it from :func:`ensure_partitions` (else that is called).
+    """
+    key = cache_key(config)
+    folder = Path(folder) if folder is not None else ensure_partitions(config)
+    manifest = read_manifest(folder)
+    if _has_diagnostics(manifest):
+        return manifest
+    with _file_lock(folder.parent / f".{folder.name}.lock"):
+        manifest = read_manifest(folder)
+        if _has_diagnostics(manifest):  # another process added it meanwhile
+            return manifest
+        graph = load_dataset(key["dataset"], _config_root(config),
+                             seed=key.get("graph_seed", SYNTHETIC_GRAPH_SEED))
+        clients = [files.load_subgraph_file(folder / f"client_{i}.pt")
+                   for i in range(int(manifest["num_clients"]))]
+        manifest["diagnostics"] = noniid.partition_diagnostics(
+            graph, clients, int(manifest["num_classes"]))
+        tmp = folder / f".manifest-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        try:
+            tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+            os.replace(tmp, folder / "manifest.json")
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return manifest
 
 
 def load_client(config: Mapping[str, Any], partition_id: int) -> Data:
