@@ -199,13 +199,14 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
             "s_per_round": f"{np.mean(secs):.3f}",
         })
     md = out / "table.md"
-    header = ["cell (algorithm|dataset|partition|clients)", "seeds", "test @ best val (%)",
+    header = ["cell (algorithm\\|dataset\\|partition\\|clients)", "seeds", "test @ best val (%)",
               "per-client best-val test (%)", f"paper (vs {paper_metric})", "diff", "s/round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        lines.append("| " + " | ".join(r[k] for k in (
-            "cell", "seeds", "test_at_best_val", "per_client_best_val_test", "paper", "diff",
-            "s_per_round")) + " |")
+        cells = [r[k] for k in ("cell", "seeds", "test_at_best_val", "per_client_best_val_test",
+                                "paper", "diff", "s_per_round")]
+        cells[0] = cells[0].replace("|", "\\|")  # a literal | inside a Markdown table cell
+        lines.append("| " + " | ".join(cells) + " |")
     md.write_text("\n".join(lines) + "\n")
     path_csv = out / "table.csv"
     with path_csv.open("w", newline="") as fh:

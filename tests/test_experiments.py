@@ -53,7 +53,7 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     fedavg = rows["fedavg|SBM|metis|2"]
     mean = float(fedavg["test_at_best_val"].split(" ± ")[0])
     assert fedavg["paper"] == "50.00" and float(fedavg["diff"]) == pytest.approx(mean - 50.0, abs=0.01)
-    assert "| fedaux|SBM|metis|2|fedaux-server=average | 0,1 |" in md.read_text()
+    assert "| fedaux\\|SBM\\|metis\\|2\\|fedaux-server=average | 0,1 |" in md.read_text()
 
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
