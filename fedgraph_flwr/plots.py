@@ -3,16 +3,70 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out_dir: Path) -> list[Path]:
-    """One heatmap per diagnostic matrix (last round with data), clients by partition id."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw_round_costs(rounds: list[dict[str, Any]], path: Path) -> Path:
+    """Bytes and seconds per round (from results.json's ``rounds``) in one PNG.
+
+    Left: bytes sent to and received from clients (sum over clients). Right: the
+    round's wall time, the server's wait for replies, aggregation, and the clients'
+    local training summed over clients.
+    """
+    plt = _pyplot()
+    x = [r["round"] for r in rounds]
+    sent = [sum(r["bytes_sent"].values()) for r in rounds]
+    received = [sum(r["bytes_received"].values()) for r in rounds]
+
+    def seconds(get) -> list[float]:
+        return [float(get(r)) for r in rounds]
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(x, sent, marker="o", label="sent to clients")
+    left.plot(x, received, marker="s", label="received from clients")
+    left.set_xlabel("round")
+    left.set_ylabel("bytes")
+    left.set_title("bytes per round")
+    left.legend()
+    right.plot(x, seconds(lambda r: r["times"].get("round", np.nan)), marker="o", label="round")
+    right.plot(x, seconds(lambda r: r["times"].get("wait", np.nan)), marker="s",
+               label="server wait for replies")
+    right.plot(x, seconds(lambda r: r["times"].get("aggregate", np.nan)), marker="^",
+               label="aggregation")
+    right.plot(x, seconds(lambda r: sum(t.get("train", 0.0) for t in r.get("client_times", {}).values())),
+               marker="x", label="local training (sum over clients)")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(bottom=0)
+    right.set_xlabel("round")
+    right.set_ylabel("seconds")
+    right.set_title("seconds per round")
+    right.legend(fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out_dir: Path) -> list[Path]:
+    """One heatmap per diagnostic matrix (last round with data), clients by partition id."""
+    plt = _pyplot()
 
     paths = []
     for name, stacked in diagnostics.items():

@@ -32,4 +32,10 @@ def format_summary(results: dict[str, Any]) -> str:
         f"received {final.get('total_bytes_received', 0) / 1e6:.2f} MB, "
         f"failures {final.get('failures', 0)}, void rounds {final.get('void_rounds', 0)}"
     )
+    if "total_time_train_s" in final:
+        lines.append(
+            f"time: local training {final['total_time_train_s']:.2f}s (sum over clients), "
+            f"server wait for replies {final['total_time_wait_s']:.2f}s, "
+            f"aggregation {final['total_time_aggregate_s']:.3f}s"
+        )
     return "\n".join(lines)

@@ -13,18 +13,15 @@ raising, so the server hears of them at once rather than at the round timeout.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..config import data_root
 from . import client_runtime as rt
 from .records import from_array_record, to_array_record, to_metric_record
 
@@ -51,17 +48,10 @@ def _identity_and_data(message: Message, context: Context):
     return config, identity, data, num_classes
 
 
-def _state_file(config: dict[str, Any], partition_id: int) -> Path:
-    folder = config.get("client-state-dir") or (
-        data_root(config) / "client-state" / str(config["run-name"]))
-    return Path(str(folder)).expanduser() / f"client_{partition_id}.pt"
-
-
 def load_state(config: dict[str, Any], context: Context, partition_id: int) -> bytes | None:
     """The client's state from its last round: in ``context.state`` or a per-client file."""
     if config["client-state"] == "file":
-        path = _state_file(config, partition_id)
-        return path.read_bytes() if path.is_file() else None
+        return rt.load_state_file(config, partition_id, int(config["server-round"]))
     record = context.state.get(STATE_KEY)
     if record is None:
         return None
@@ -70,11 +60,7 @@ def load_state(config: dict[str, Any], context: Context, partition_id: int) -> b
 
 def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes) -> None:
     if config["client-state"] == "file":
-        path = _state_file(config, partition_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)
+        rt.save_state_file(config, partition_id, int(config["server-round"]), blob)
         return
     context.state[STATE_KEY] = to_array_record({"blob": np.frombuffer(blob, dtype=np.uint8)})
 
@@ -117,9 +103,9 @@ def train(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
-def make_client_app() -> ClientApp:
-    """The ClientApp every SuperNode runs."""
-    app = ClientApp()
+def make_client_app(mods: list | None = None) -> ClientApp:
+    """The ClientApp every SuperNode runs; ``mods`` are Flower client mods around it."""
+    app = ClientApp(mods=mods)
     app.query()(handshake)
     app.train()(train)
     return app

@@ -8,6 +8,7 @@ run exactly the same code.
 from __future__ import annotations
 
 import io
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,66 @@ def state_to_bytes(state: dict[str, Any]) -> bytes:
 
 def state_from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+
+
+# --- client state kept in files (client-state=file) ---------------------------------------
+# One file per client and round it trained in, named ``client_<id>.<token>.r<round>.pt``
+# where ``token`` identifies the run (set by the server, kept across resume). A client
+# loads the newest state of a round *before* the current one and keeps only that one
+# plus the one it just wrote. So if the server dies after checkpointing round r while
+# clients have already saved round r+1, the resumed round r+1 starts again from round
+# r's state, and files of other runs in the same folder are never read.
+STATE_TOKEN_KEY = "client-state-token"
+
+
+def state_dir(config: Config) -> Path:
+    """``client-state-dir``, else ``<data-root>/client-state/<run-name>``."""
+    folder = config.get("client-state-dir") or (
+        data_root(config) / "client-state" / str(config["run-name"]))
+    return Path(str(folder)).expanduser()
+
+
+def _state_files(config: Config, partition_id: int, any_token: bool = False) -> dict[Path, tuple[str, int]]:
+    """This client's state files: path -> (token, round)."""
+    token = str(config.get(STATE_TOKEN_KEY, "") or "run")
+    out: dict[Path, tuple[str, int]] = {}
+    for path in state_dir(config).glob(f"client_{partition_id}.*.r*.pt"):
+        parts = path.name[:-len(".pt")].split(".")
+        if len(parts) != 3 or not parts[2][1:].isdigit():
+            continue
+        if any_token or parts[1] == token:
+            out[path] = (parts[1], int(parts[2][1:]))
+    return out
+
+
+def state_file(config: Config, partition_id: int, server_round: int) -> Path:
+    token = str(config.get(STATE_TOKEN_KEY, "") or "run")
+    return state_dir(config) / f"client_{partition_id}.{token}.r{server_round:06d}.pt"
+
+
+def load_state_file(config: Config, partition_id: int, server_round: int) -> bytes | None:
+    """The client's state from the last round before ``server_round`` it trained in."""
+    older = [(rnd, p) for p, (_, rnd) in _state_files(config, partition_id).items()
+             if rnd < server_round]
+    if not older:
+        return None
+    return max(older)[1].read_bytes()
+
+
+def save_state_file(config: Config, partition_id: int, server_round: int, blob: bytes) -> Path:
+    """Write this round's state atomically; keep only it and the newest older one."""
+    path = state_file(config, partition_id, server_round)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)
+    mine = _state_files(config, partition_id)
+    older = [(rnd, p) for p, (_, rnd) in mine.items() if rnd < server_round]
+    keep = {path} | ({max(older)[1]} if older else set())
+    for other in _state_files(config, partition_id, any_token=True):
+        if other not in keep:
+            other.unlink(missing_ok=True)
+    return path
 
 
 @dataclass

@@ -15,6 +15,7 @@ import math
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,14 @@ from ..config import ConfigError, default_run_name
 
 # Metric keys every trainer reports; the headline figure uses these.
 VAL, TEST = "val_metric", "test_metric"
+
+# Config keys that may change between a run and its resume (limits, paths, logging);
+# every other key must match the checkpoint's, or resuming would mix two experiments.
+RESUMABLE_CHANGES = frozenset({
+    "rounds", "resume", "fail-fast", "round-timeout", "handshake-timeout", "min-clients",
+    "verbose", "output-dir", "data-root", "partition-dir", "config-file", "client-state",
+    "client-state-dir", "max-array-bytes",
+})
 
 
 @dataclass
@@ -54,6 +63,9 @@ class RoundLog:
     bytes_sent: dict[int, int] = field(default_factory=dict)
     bytes_received: dict[int, int] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
+    # per client, seconds: "train" (local training, client-measured), "wait" (server
+    # side, from sending the round's messages to this client's reply arriving)
+    client_times: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def mean(self, key: str) -> float:
         values = [m[key] for m in self.clients.values() if key in m and not math.isnan(m[key])]
@@ -73,6 +85,7 @@ class RoundLog:
             "bytes_sent": {str(c): b for c, b in sorted(self.bytes_sent.items())},
             "bytes_received": {str(c): b for c, b in sorted(self.bytes_received.items())},
             "times": self.times,
+            "client_times": {str(c): t for c, t in sorted(self.client_times.items())},
         }
 
     @classmethod
@@ -82,7 +95,7 @@ class RoundLog:
             round=d["round"], sampled=list(d["sampled"]), clients=ints(d["clients"]),
             failures=ints(d["failures"]), void=d["void"], aggregate=d["aggregate"],
             bytes_sent=ints(d["bytes_sent"]), bytes_received=ints(d["bytes_received"]),
-            times=d["times"],
+            times=d["times"], client_times=ints(d.get("client_times", {})),
         )
 
 
@@ -163,6 +176,8 @@ class Federation:
         self.diagnostics: dict[str, list[np.ndarray]] = {}
         self.started = time.time()
         self.elapsed_before_resume = 0.0
+        # Names this run's client state files (client-state=file); kept across resume.
+        self.state_token = uuid.uuid4().hex[:12]
         self.out_dir = Path(str(config["output-dir"])).expanduser() / self.config["run-name"]
 
     # --- what the server sends ----------------------------------------------------
@@ -170,7 +185,8 @@ class Federation:
         """The run config as the clients see it, plus what the handshake settled."""
         cfg = dict(self.config)
         cfg.update({"server-round": server_round, "num-classes-global": self.num_classes,
-                    "num-features-global": self.num_features})
+                    "num-features-global": self.num_features,
+                    "client-state-token": self.state_token})
         return cfg
 
     def sample(self, server_round: int) -> list[int]:
@@ -224,10 +240,19 @@ class Federation:
         failures: dict[int, str],
         bytes_sent: dict[int, int],
         times: dict[str, float] | None = None,
+        waits: dict[int, float] | None = None,
+        aggregate: bool = True,
     ) -> RoundLog:
-        """Validate replies, aggregate, store the personalized payloads, record the round."""
+        """Validate replies, aggregate, store the personalized payloads, record the round.
+
+        ``waits``: per client, server-side seconds until its reply arrived.
+        ``aggregate=False`` records the round as void without touching any payload
+        (fail-fast: the run stops here).
+        """
         record = RoundLog(round=server_round, sampled=list(sampled), failures=dict(failures),
                           bytes_sent=dict(bytes_sent), times=dict(times or {}))
+        for cid, wait in sorted((waits or {}).items()):
+            record.client_times.setdefault(cid, {})["wait"] = float(wait)
         updates: dict[int, ClientUpdate] = {}
         for cid, reply in sorted(replies.items()):
             reason = self.check_reply(cid, reply)
@@ -239,9 +264,14 @@ class Federation:
                 self.signature_schema.setdefault(name, arr.shape)
             record.clients[cid] = dict(reply.metrics)
             record.bytes_received[cid] = reply.bytes_received
+            record.client_times.setdefault(cid, {})["train"] = float(
+                reply.metrics.get("time-train", float("nan")))
             updates[cid] = ClientUpdate(reply.upload, reply.signature,
                                         int(reply.metrics.get("num-train", 0)), reply.metrics)
-        if len(updates) < self.min_replies(sampled):
+        record.times["aggregate"] = 0.0
+        if not aggregate:
+            record.void = True
+        elif len(updates) < self.min_replies(sampled):
             record.void = True
             self.log(f"round {server_round}: void, {len(updates)} valid replies "
                      f"< min-clients {self.min_replies(sampled)}")
@@ -291,7 +321,31 @@ class Federation:
             "total_bytes_sent": int(sum(sum(r.bytes_sent.values()) for r in self.rounds)),
             "total_bytes_received": int(sum(sum(r.bytes_received.values()) for r in self.rounds)),
             "failures": int(sum(len(r.failures) for r in self.rounds)),
+            "failures_by_client": self._failures_by_client(),
             "void_rounds": int(sum(r.void for r in self.rounds)),
+            **self.total_times(),
+        }
+
+    def _failures_by_client(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.rounds:
+            for cid in r.failures:
+                counts[str(cid)] = counts.get(str(cid), 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
+
+    def total_times(self) -> dict[str, float]:
+        """Seconds summed over rounds: clients' local training (summed over clients),
+        the server's wait for replies, aggregation, and whole rounds."""
+        def total(values) -> float:
+            return float(sum(v for v in values if not math.isnan(v)))
+
+        return {
+            "total_time_train_s": total(t.get("train", float("nan")) for r in self.rounds
+                                        for t in r.client_times.values()),
+            "total_time_wait_s": total(r.times.get("wait", float("nan")) for r in self.rounds),
+            "total_time_aggregate_s": total(r.times.get("aggregate", float("nan"))
+                                            for r in self.rounds),
+            "total_time_round_s": total(r.times.get("round", float("nan")) for r in self.rounds),
         }
 
     def wall_time(self) -> float:
@@ -309,16 +363,19 @@ class Federation:
         }
 
     def write_results(self) -> Path:
-        """results.json, history.csv, diagnostics.npz and heatmaps under ``out_dir``."""
+        """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``."""
         out = self.out_dir
         out.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(self.results(), indent=1, default=float).encode()
         _atomic_write(out / "results.json", lambda fh: fh.write(payload))
         self._write_history(out / "history.csv")
+        from ..plots import draw_round_costs  # matplotlib only when files are written
+
+        draw_round_costs([r.to_json() for r in self.rounds], out / "costs.png")
         if self.diagnostics:
             stacked = {n: np.stack(v) for n, v in self.diagnostics.items()}
             _atomic_write(out / "diagnostics.npz", lambda fh: np.savez(fh, **stacked))
-            from ..plots import draw_heatmaps  # matplotlib only when there is something to draw
+            from ..plots import draw_heatmaps
 
             draw_heatmaps(stacked, self.client_ids, out)
         return out
@@ -336,8 +393,9 @@ class Federation:
                 row.update(r.clients.get(cid, {}))
                 row["bytes_sent"] = r.bytes_sent.get(cid, 0)
                 row["bytes_received"] = r.bytes_received.get(cid, 0)
+                row["time_wait"] = r.client_times.get(cid, {}).get("wait", "")
                 rows.append(row)
-        fields = ["round", "client", "status", *keys, "bytes_sent", "bytes_received"]
+        fields = ["round", "client", "status", *keys, "bytes_sent", "bytes_received", "time_wait"]
 
         def write(fh):
             import io
@@ -359,6 +417,8 @@ class Federation:
         """Everything needed to continue after the last completed round (atomic)."""
         state = {
             "round": self.rounds[-1].round if self.rounds else 0,
+            "config_json": json.dumps(self.config, default=str),
+            "state_token": self.state_token,
             "payloads": _to_tensors({int(c): p for c, p in self.payloads.items()}),
             "aggregator": _to_tensors(self.aggregator.state_dict()),
             "rounds_json": json.dumps([r.to_json() for r in self.rounds], default=float),
@@ -372,7 +432,23 @@ class Federation:
         """Restore a checkpoint; return the last completed round (0 if none)."""
         if not self.checkpoint_path.is_file():
             raise ConfigError(f"resume=true but there is no checkpoint at {self.checkpoint_path}")
-        state = torch.load(self.checkpoint_path, weights_only=True)
+        try:
+            state = torch.load(self.checkpoint_path, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+            raise ConfigError(f"resume=true but {self.checkpoint_path} is unreadable: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                              ) from None
+        if "config_json" in state:
+            saved = json.loads(state["config_json"])
+            changed = [k for k in sorted(set(saved) | set(self.config))
+                       if k not in RESUMABLE_CHANGES and saved.get(k) != self.config.get(k)]
+            if changed:
+                detail = ", ".join(f"{k}={saved.get(k)!r} -> {self.config.get(k)!r}"
+                                   for k in changed[:4])
+                raise ConfigError(f"resume=true but the checkpoint at {self.checkpoint_path} is "
+                                  f"of a different run ({detail}); use the same settings or "
+                                  f"another run-name")
+        self.state_token = str(state.get("state_token", self.state_token))
         self.payloads = {int(c): _to_numpy(p) for c, p in state["payloads"].items()}
         self.aggregator.load_state_dict(_to_numpy(state["aggregator"]))
         self.rounds = [RoundLog.from_json(d) for d in json.loads(state["rounds_json"])]
@@ -381,3 +457,17 @@ class Federation:
         self.elapsed_before_resume = float(state["elapsed"])
         self.started = time.time()
         return int(state["round"])
+
+    def first_round(self) -> int:
+        """The round to start with: 1, or after the checkpoint's last round if ``resume``."""
+        if not self.config["resume"]:
+            return 1
+        done = self.load_checkpoint()
+        self.log(f"resumed from {self.checkpoint_path} after round {done} "
+                 f"({len(self.rounds)} rounds of history)")
+        if self.config["client-state"] == "context":
+            self.log("warning: resume=true with client-state=context: clients restart their "
+                     "local state (optimiser moments, local-only layers) from scratch, so "
+                     "results will differ from an uninterrupted run; use client-state=file "
+                     "(state files under client-state-dir survive the restart) to resume exactly")
+        return done + 1

@@ -6,7 +6,9 @@ id. The round's phases are small methods a subclass may override:
 
 ``wait_for_nodes`` -> ``handshake`` -> per round: ``configure_train`` ->
 ``exchange`` (push, then a tight pull loop) -> ``aggregate_train`` -> checkpoint;
-finally ``finish`` writes results.json, history.csv and the heatmaps.
+finally ``finish`` writes results.json, history.csv, costs.png (bytes and seconds per
+round) and the heatmaps. With ``resume=true`` the run continues after the checkpoint's
+last round (:meth:`Federation.first_round`).
 
 The maths lives in the algorithm's aggregator; the bookkeeping in
 :class:`~fedgraph_flwr.engine.federation.Federation`.
@@ -27,7 +29,9 @@ from flwr.serverapp.strategy.result import Result
 from ..algorithms.base import Config
 from ..config import ConfigError, default_run_name
 from .federation import ClientReply, Federation, nbytes
-from .records import from_array_record, from_metric_record, to_array_record, to_config_record
+from .records import (
+    from_array_record, from_metric_record, signature_floats, to_array_record, to_config_record,
+)
 
 logger = logging.getLogger("fedgraph_flwr")
 
@@ -48,7 +52,9 @@ class PersonalizedStrategy(Strategy):
         self.node_of: dict[int, int] = {}  # logical client id -> current node id
         self.client_of: dict[int, int] = {}  # node id -> logical client id
         self._round_started = 0.0
+        self._round_wait = float("nan")
         self._sent_bytes: dict[int, int] = {}
+        self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
 
     # --- phases ---------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -149,14 +155,18 @@ class PersonalizedStrategy(Strategy):
         Flower's ``send_and_receive`` sleeps 0.1-3 s between polls, which would
         dominate a round on small graphs; this loop starts at 2 ms and backs off.
         """
+        t0 = time.perf_counter()
         pending = set(grid.push_messages(messages))
         replies: list[Message] = []
+        self._reply_wait = {}
         deadline = time.time() + timeout
         pause = 0.002
         while pending and time.time() < deadline:
             got = list(grid.pull_messages(pending))
+            now = time.perf_counter() - t0
             for msg in got:
                 pending.discard(msg.metadata.reply_to_message_id)
+                self._reply_wait[msg.metadata.src_node_id] = now
             replies.extend(got)
             if pending and not got:
                 time.sleep(pause)
@@ -166,24 +176,30 @@ class PersonalizedStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Decode replies, report failures at once, and let the federation aggregate."""
+        """Decode replies, report failures at once, and let the federation aggregate.
+
+        Under ``fail-fast`` a client's error reply ends the run: the round is recorded
+        (void, with the failure) and results.json written before :class:`RunAborted`.
+        """
         fed = self._fed()
         sampled = fed.sample(server_round)
         decoded: dict[int, ClientReply] = {}
         failures: dict[int, str] = {}
+        errors: list[str] = []
+        waits: dict[int, float] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
             cid = self.client_of.get(node)
+            if cid is not None and node in self._reply_wait:
+                waits[cid] = self._reply_wait[node]
             if reply.has_error():
                 reason = f"error {reply.error.code}: {reply.error.reason}"
                 if cid is None:
                     self.log(f"round {server_round}: unknown node {node} failed: {reason}")
                     continue
                 failures[cid] = reason
+                errors.append(f"client {cid} failed in round {server_round} with {reason}")
                 self.log(f"round {server_round}: client {cid} failed with {reason}")
-                if self.config["fail-fast"]:
-                    raise RunAborted(f"fail-fast: client {cid} failed in round {server_round} "
-                                     f"with {reason}")
                 continue
             metrics, signature = from_metric_record(reply.content["metrics"])
             upload = from_array_record(reply.content["arrays"])
@@ -193,15 +209,22 @@ class PersonalizedStrategy(Strategy):
                          f"{reported}, expected {cid}; ignored")
                 continue
             decoded[cid] = ClientReply(upload, signature, metrics,
-                                       nbytes(upload) + 4 * sum(a.size for a in signature.values()))
+                                       nbytes(upload) + 4 * signature_floats(signature))
         for cid in sampled:
             if cid not in decoded and cid not in failures:
                 failures[cid] = "missing: no reply before round-timeout"
                 self.log(f"round {server_round}: client {cid} missing (no reply in time)")
+        abort = bool(errors) and bool(self.config["fail-fast"])
         record = fed.complete_round(
             server_round, sampled, decoded, failures, self._sent_bytes,
-            times={"round": time.perf_counter() - self._round_started},
+            times={"round": time.perf_counter() - self._round_started, "wait": self._round_wait},
+            waits=waits, aggregate=not abort,
         )
+        record.times["round"] = time.perf_counter() - self._round_started  # with aggregation
+        if abort:
+            out = fed.write_results()
+            raise RunAborted(f"fail-fast: {errors[0]} (round recorded in "
+                             f"{(out / 'results.json').resolve()})")
         self.log(
             f"round {server_round}/{self.config['rounds']}: mean val {100 * record.mean('val_metric'):.2f} "
             f"test {100 * record.mean('test_metric'):.2f} loss {record.mean('train_loss'):.4f} "
@@ -236,10 +259,10 @@ class PersonalizedStrategy(Strategy):
         except ConfigError as exc:
             raise RunAborted(str(exc)) from None
         fed = self.federation
-        first = 1
-        if self.config["resume"]:
-            first = fed.load_checkpoint() + 1
-            self.log(f"resumed from checkpoint after round {first - 1}")
+        try:
+            first = fed.first_round()
+        except ConfigError as exc:
+            raise RunAborted(str(exc)) from None
         result = Result()
         rounds = int(num_rounds or self.config["rounds"])
         round_timeout = float(timeout or self.config["round-timeout"])
@@ -249,9 +272,8 @@ class PersonalizedStrategy(Strategy):
             messages = list(self.configure_train(server_round, ArrayRecord(), ConfigRecord(), grid))
             t_send = time.perf_counter()
             replies, _ = self.exchange(grid, messages, round_timeout)
-            wait = time.perf_counter() - t_send
+            self._round_wait = time.perf_counter() - t_send
             _, metrics = self.aggregate_train(server_round, replies)
-            fed.rounds[-1].times["wait"] = wait
             if metrics is not None:
                 result.train_metrics_clientapp[server_round] = metrics
             fed.save_checkpoint()
