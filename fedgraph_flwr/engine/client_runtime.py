@@ -231,6 +231,10 @@ def train_round(
     """One round on one client: restore, apply the server's payload, train, evaluate."""
     t0 = time.perf_counter()
     device = device or pick_device()
+    if device.type == "cpu":
+        # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
+        # deterministic kernels make the same config and seed give the same numbers.
+        torch.use_deterministic_algorithms(True, warn_only=True)
     algo = get_algorithm(str(config["algorithm"]))
     trainer = algo.trainer(data, config, num_classes, device)
     if state is not None:
