@@ -1,6 +1,7 @@
 """Flower's overhead per round: the same federation in a Flower simulation and in one process.
 
     python benchmarks/flower_overhead.py --data-root DIR [--algorithm fedaux] [--rounds 6]
+        [--set config-file=configs/fediih/cora-disjoint-10.yaml partition=files ...]
 
 Both runs execute identical client and server code (fedgraph_flwr.engine); the
 ratio of their per-round wall times (round 1 excluded: Ray start-up and caches)
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--dataset", default="Cora")
     parser.add_argument("--num-clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more run-config overrides (config-file=..., partition=files, ...)")
     args = parser.parse_args()
 
     from flwr.simulation import run_simulation
@@ -39,7 +42,8 @@ def main() -> None:
 
     out = Path(tempfile.mkdtemp(prefix="flower-overhead-"))
     cfg = {"algorithm": args.algorithm, "dataset": args.dataset, "num-clients": args.num_clients,
-           "rounds": args.rounds, "data-root": args.data_root, "output-dir": str(out)}
+           "rounds": args.rounds, "data-root": args.data_root, "output-dir": str(out),
+           **dict(kv.split("=", 1) for kv in args.set)}
     t0 = time.perf_counter()
     inproc = run_federation(dict(cfg, **{"run-name": "inprocess"}))
     t_inproc = time.perf_counter() - t0
