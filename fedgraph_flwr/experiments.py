@@ -11,6 +11,8 @@ A grid file::
     seeds: [0, 1, 2]
     paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
 
+Each ``run``/``report`` also draws ``curves.png`` (mean test accuracy per round with a
+±1 std band over seeds) and, with ``plot-x: <key>``, ``by_<key>.png``.
 ``grid`` may also be a list of such mappings (their union). A cell is
 ``algorithm|dataset|partition|num-clients``, plus ``|key=value`` for every other key in
 which runs of that cell differ (ablation switches).
@@ -185,7 +187,8 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
         raise ConfigError(f"unknown paper-metric {paper_metric!r}; valid: test_at_best_val, "
                           "per_client_best_val_test")
     rows = []
-    for cell, results in sorted(collect(out).items()):
+    cells = collect(out)
+    for cell, results in sorted(cells.items()):
         heads = [r["final"]["test_at_best_val"] for r in results]
         per_client = [r["final"]["per_client_best_val_test"] for r in results]
         secs = [r["wall_time_s"] / max(1, len(r["rounds"])) for r in results]
@@ -203,17 +206,41 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
               "per-client best-val test (%)", f"paper (vs {paper_metric})", "diff", "s/round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r[k] for k in ("cell", "seeds", "test_at_best_val", "per_client_best_val_test",
-                                "paper", "diff", "s_per_round")]
-        cells[0] = cells[0].replace("|", "\\|")  # a literal | inside a Markdown table cell
-        lines.append("| " + " | ".join(cells) + " |")
+        fields = [r[k] for k in ("cell", "seeds", "test_at_best_val", "per_client_best_val_test",
+                                 "paper", "diff", "s_per_round")]
+        fields[0] = fields[0].replace("|", "\\|")  # a literal | inside a Markdown table cell
+        lines.append("| " + " | ".join(fields) + " |")
     md.write_text("\n".join(lines) + "\n")
+    _draw(out, cells, spec or {}, paper_metric)
     path_csv = out / "table.csv"
     with path_csv.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["cell"])
         w.writeheader()
         w.writerows(rows)
     return md, path_csv
+
+
+def _draw(out: Path, cells: dict[str, list[dict[str, Any]]], spec: dict[str, Any],
+          paper_metric: str) -> None:
+    """curves.png (mean test accuracy per round, ±1 std over seeds, one line per cell);
+    with ``plot-x: <key>`` in the grid file also ``by_<key>.png``: the headline figure
+    against that key's value, one line per cell otherwise alike."""
+    if not cells:
+        return
+    from .plots import draw_curves, draw_versus
+
+    draw_curves(cells, out / "curves.png")
+    x_key = spec.get("plot-x")
+    if not x_key:
+        return
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    for cell, results in cells.items():
+        x = float(results[0]["config"][x_key])
+        name = "|".join(p for p in cell.split("|") if not p.startswith(f"{x_key}="))
+        values = [r["final"][paper_metric] for r in results]
+        std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        series.setdefault(name, []).append((x, float(np.mean(values)), std))
+    draw_versus(series, x_key, f"{paper_metric.replace('_', ' ')} (%)", out / f"by_{x_key}.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,3 +125,59 @@ def draw_side_by_side(panels: dict[str, np.ndarray], path: str | Path, title: st
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _save(fig, path: Path) -> Path:
+    """Write through a temp file, then rename: never a half-written PNG."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+    return path
+
+
+def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path,
+                key: str = "mean_test") -> Path:
+    """Mean over seeds of ``key`` (a per-round figure of results.json) vs round, one line per
+    cell, with a ±1 std band across seeds; rounds a seed did not log are left out."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for cell, results in sorted(cells.items()):
+        last = max(len(r["rounds"]) for r in results)
+        grid = np.full((len(results), last), np.nan)
+        for i, res in enumerate(results):
+            for j, rnd in enumerate(res["rounds"]):
+                grid[i, j] = 100 * float(rnd.get(key, np.nan))
+        x = np.arange(1, last + 1)
+        seen = np.isfinite(grid)
+        count = seen.sum(axis=0)
+        mean = np.where(seen, grid, 0.0).sum(axis=0) / np.maximum(count, 1)
+        std = np.sqrt(np.where(seen, (grid - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count, 1))
+        mean[count == 0] = np.nan
+        ax.plot(x, mean, label=f"{cell} (n={len(results)})")
+        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"{key.replace('_', ' ')} (%)")
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def draw_versus(series: dict[str, list[tuple[float, float, float]]], x_label: str,
+                y_label: str, path: Path) -> Path:
+    """One line per series of (x, mean, std) points, with error bars."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in sorted(series.items()):
+        points = sorted(points)
+        xs, ys, es = zip(*points)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out

@@ -43,7 +43,9 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     run_grid(spec, tmp_path / "exp", None, "inprocess", {})  # every cell done: nothing reruns
     assert {p: p.stat().st_mtime_ns for p in results} == stamps
 
-    md, path_csv = write_tables(out, spec)
+    md, path_csv = write_tables(out, dict(spec, **{"plot-x": "seed"}))
+    for png in ("curves.png", "by_seed.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = {r["cell"]: r for r in csv.DictReader(path_csv.open())}
     # fedaux-server differs between fedaux's runs, so it names those cells; not the others'.
     assert set(rows) == {"fedavg|SBM|metis|2", "local|SBM|metis|2",
