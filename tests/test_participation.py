@@ -1,0 +1,70 @@
+"""Partial participation through the engine: sampled clients only, the rest keep their model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.engine import client_runtime as rt
+from fedgraph_flwr.engine.federation import ClientReply, Federation
+from fedgraph_flwr.engine.loop import run_federation
+
+from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
+
+
+@pytest.mark.parametrize("algorithm", ["fedaux", "fediih"])
+def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp_path, algorithm):
+    cfg = resolve_config(None, {"algorithm": algorithm, "num-clients": 4, "hidden": 8,
+                                "dataset": "SBM", "fraction": 0.5, "output-dir": str(tmp_path)})
+    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10,
+                  "num-nodes": 60} for c in range(4)}
+    fed = Federation(cfg, roster, log=lambda msg: None)
+    graphs = {c: _graph(60, seed=c) for c in range(4)}
+    states: dict[int, bytes] = {}
+    seen_before: set[int] = set()
+    for server_round in range(1, 5):
+        sampled = fed.sample(server_round)
+        assert len(sampled) == 2
+        before = {c: {k: v.copy() for k, v in fed.payload_for(c).items()} for c in range(4)}
+        replies = {}
+        for c in sampled:
+            out = rt.train_round(graphs[c], NUM_CLASSES, dict(fed.client_config(server_round)),
+                                 fed.payload_for(c), states.get(c), server_round, c,
+                                 torch.device("cpu"))
+            states[c] = out.state
+            replies[c] = ClientReply(out.upload, out.signature, {**out.metrics, "partition-id": c})
+        record = fed.complete_round(server_round, sampled, replies, {}, {})
+        assert sorted(record.clients) == sampled
+        for c in set(range(4)) - set(sampled):  # not sampled: exactly the payload it had
+            after = fed.payload_for(c)
+            assert all(np.array_equal(after[k], before[c][k]) for k in after)
+            if c not in seen_before:  # never sampled yet: still the global initial model
+                assert all(np.array_equal(after[k], fed.initial[k]) for k in after)
+        for c in sampled:  # sampled: a new personalized payload
+            assert any(not np.array_equal(fed.payload_for(c)[k], before[c][k])
+                       for k in fed.payload_for(c) if np.issubdtype(before[c][k].dtype, np.floating))
+        seen_before |= set(sampled)
+        # Similarities exist among the sampled clients only (NaN elsewhere).
+        name = next(n for n in fed.diagnostics if n.startswith("similarity"))
+        matrix = fed.diagnostics[name][server_round - 1]
+        idx = np.array(sampled)
+        assert np.isfinite(matrix[np.ix_(idx, idx)]).all()
+        others = np.array(sorted(set(range(4)) - set(sampled)))
+        assert np.isnan(matrix[others]).all() and np.isnan(matrix[:, others]).all()
+
+
+def test_fraction_one_is_full_participation(tmp_path):
+    base = {"algorithm": "fedaux", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 8,
+            "output-dir": str(tmp_path)}
+    full = run_federation(dict(base, **{"run-name": "default"}), write=False)
+    one = run_federation(dict(base, fraction=1.0, **{"run-name": "one"}), write=False)
+    assert [r["sampled"] for r in one["rounds"]] == [[0, 1, 2]] * 3
+    strip = lambda res: [{c: {k: v for k, v in m.items() if not k.startswith(("time-", "state-"))}  # noqa: E731
+                          for c, m in r["clients"].items()} for r in res["rounds"]]
+    assert strip(one) == strip(full)
+    assert one["final"]["test_at_best_val"] == full["final"]["test_at_best_val"]
+    half = run_federation(dict(base, fraction=0.5, **{"run-name": "half"}), write=False)
+    assert all(len(r["sampled"]) == 2 for r in half["rounds"])
+    assert strip(half) != strip(full)
