@@ -9,30 +9,13 @@ from pathlib import Path
 import pytest
 
 from fedgraph_flwr.engine.loop import run_federation
-
-TIMING = ("time-", "state-bytes")
-
+from helpers import round_metrics, simulate
 
 def _sim(overrides: dict, num_supernodes: int) -> None:
-    from flwr.simulation import run_simulation
-
     from fedgraph_flwr.engine.client_app import make_client_app
     from fedgraph_flwr.engine.server_app import make_server_app
 
-    run_simulation(
-        make_server_app(overrides), make_client_app(), num_supernodes=num_supernodes,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "include_dashboard": False}},
-    )
-
-
-def _metrics(results: dict) -> list:
-    """Per-round, per-client metrics without timings (these differ run to run)."""
-    out = []
-    for r in results["rounds"]:
-        out.append({c: {k: v for k, v in m.items() if not k.startswith(TIMING)}
-                    for c, m in r["clients"].items()})
-    return out
+    simulate(make_server_app(overrides), make_client_app(), num_supernodes)
 
 
 def _same(a, b) -> bool:
@@ -50,7 +33,7 @@ def test_inprocess_is_deterministic(tmp_path, data_root):
            "data-root": str(data_root), "output-dir": str(tmp_path)}
     a = run_federation(dict(cfg, **{"run-name": "a"}))
     b = run_federation(dict(cfg, **{"run-name": "b"}))
-    assert _same(_metrics(a), _metrics(b))
+    assert _same(round_metrics(a), round_metrics(b))
     assert a["final"]["test_at_best_val"] == b["final"]["test_at_best_val"]
     assert (tmp_path / "a" / "results.json").is_file() and (tmp_path / "a" / "history.csv").is_file()
 
@@ -70,7 +53,7 @@ def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
         b = run_federation(dict(cfg, **{"run-name": "b"}), write=False)
     finally:
         torch.set_num_threads(threads)
-    assert _same(_metrics(a), _metrics(b))
+    assert _same(round_metrics(a), round_metrics(b))
 
 
 def test_local_never_uploads_and_differs_from_fedavg(tmp_path, data_root):
@@ -81,8 +64,8 @@ def test_local_never_uploads_and_differs_from_fedavg(tmp_path, data_root):
     assert local["final"]["total_bytes_received"] == 0
     assert fedavg["final"]["total_bytes_received"] > 0
     # Round 1 is identical (same initial model, same seeds); mixing changes round 2.
-    assert _same(_metrics(local)[0], _metrics(fedavg)[0])
-    assert not _same(_metrics(local)[1], _metrics(fedavg)[1])
+    assert _same(round_metrics(local)[0], round_metrics(fedavg)[0])
+    assert not _same(round_metrics(local)[1], round_metrics(fedavg)[1])
 
 
 @pytest.mark.parametrize("dataset", ["SBM", "Cora"])
@@ -95,7 +78,7 @@ def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
     assert [r["round"] for r in flower["rounds"]] == [1, 2]
     assert all(len(r["clients"]) == 3 and not r["failures"] for r in flower["rounds"])
     inproc = run_federation(dict(cfg, **{"run-name": "inproc"}))
-    assert _same(_metrics(flower), _metrics(inproc))
+    assert _same(round_metrics(flower), round_metrics(inproc))
     assert 0 < flower["final"]["test_at_best_val"] <= 100
     assert flower["rounds"][0]["bytes_sent"] == inproc["rounds"][0]["bytes_sent"]
 

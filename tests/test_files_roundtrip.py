@@ -9,13 +9,8 @@ import pytest
 from fedgraph_flwr.config import ConfigError
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.partition import main as partition_main
+from helpers import round_metrics
 
-TIMING = ("time-", "state-bytes")
-
-
-def _metrics(results: dict) -> list:
-    return [{c: {k: v for k, v in m.items() if not k.startswith(TIMING)}
-             for c, m in r["clients"].items()} for r in results["rounds"]]
 
 
 @pytest.mark.parametrize("fmt", ["npz", "pt"])
@@ -31,7 +26,7 @@ def test_export_then_files_run_gives_the_same_numbers(tmp_path, data_root, fmt):
         f"client_{i}.{fmt}" for i in range(3)]
     moved = run_federation(dict(cfg, partition="files", **{"partition-dir": str(folder),
                                                            "run-name": "files"}))
-    assert _metrics(moved) == _metrics(original)
+    assert round_metrics(moved) == round_metrics(original)
     assert moved["final"]["test_at_best_val"] == original["final"]["test_at_best_val"]
     assert math.isfinite(moved["final"]["test_at_best_val"])
 

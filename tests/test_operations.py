@@ -28,8 +28,8 @@ from fedgraph_flwr.engine.client_app import ERROR_TRAIN, make_client_app
 from fedgraph_flwr.engine.records import SIG
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
+from helpers import round_metrics, simulate
 
-TIMING = ("time-", "state-bytes")
 FAIL_CLIENT, FAIL_ROUND, ROUNDS = 1, 2, 3
 
 
@@ -79,13 +79,7 @@ def wrong_shape_mod(client: int, server_round: int):
 
 
 def _simulate(overrides: dict, mods: list) -> None:
-    from flwr.simulation import run_simulation
-
-    run_simulation(
-        make_server_app(overrides), make_client_app(mods=mods), num_supernodes=3,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "include_dashboard": False}},
-    )
+    simulate(make_server_app(overrides), make_client_app(mods=mods), num_supernodes=3)
 
 
 def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
@@ -95,12 +89,6 @@ def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
     cfg.update(extra)
     return cfg
 
-
-def _metrics(results: dict) -> list:
-    """Per-round, per-client metrics without timings; NaN as a string so == compares it."""
-    return [{c: {k: "nan" if isinstance(v, float) and math.isnan(v) else v
-                 for k, v in m.items() if not k.startswith(TIMING)}
-             for c, m in r["clients"].items()} for r in results["rounds"]]
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +214,7 @@ def test_file_client_state_gives_the_same_metrics_as_context_state(failing_run, 
                                                        "client-state-dir": str(state_dir)}),
               [wrong_shape_mod(FAIL_CLIENT, FAIL_ROUND)])
     results = json.loads((tmp_path / "file" / "results.json").read_text())
-    assert _metrics(results) == _metrics(failing_run["results"])
+    assert round_metrics(results) == round_metrics(failing_run["results"])
     assert results["rounds"][1]["failures"].keys() == {str(FAIL_CLIENT)}
     # Each client keeps its last two states; client 1 saved nothing in its failed round.
     rounds_on_disk = {}

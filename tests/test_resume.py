@@ -11,7 +11,6 @@ the clients' own state (optimiser moments, local layers) from their state files
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,8 @@ from fedgraph_flwr.engine.client_app import make_client_app
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.engine.strategy import PersonalizedStrategy
+from helpers import round_metrics, simulate
 
-TIMING = ("time-", "state-bytes")
 ROUNDS, CRASH_ROUND = 4, 3
 
 
@@ -42,13 +41,8 @@ class ServerDiesInRound(PersonalizedStrategy):
 
 
 def _simulate(overrides: dict, strategy_cls=PersonalizedStrategy) -> None:
-    from flwr.simulation import run_simulation
-
-    run_simulation(
-        make_server_app(overrides, strategy_cls=strategy_cls), make_client_app(), num_supernodes=3,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "include_dashboard": False}},
-    )
+    simulate(make_server_app(overrides, strategy_cls=strategy_cls), make_client_app(),
+             num_supernodes=3)
 
 
 def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
@@ -59,12 +53,6 @@ def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
     cfg.update(extra)
     return cfg
 
-
-def _metrics(results: dict) -> list:
-    """Per-round, per-client metrics without timings; NaN as a string so == compares it."""
-    return [{c: {k: "nan" if isinstance(v, float) and math.isnan(v) else v
-                 for k, v in m.items() if not k.startswith(TIMING)}
-             for c, m in r["clients"].items()} for r in results["rounds"]]
 
 
 def _read(out: Path, run_name: str) -> dict:
@@ -95,7 +83,7 @@ def test_flower_resume_after_server_crash_matches_uninterrupted(uninterrupted, t
     assert f"resumed from {tmp_path / 'crashed' / 'checkpoint.pt'} after round 2" in capfd.readouterr().out
     resumed = _read(tmp_path, "crashed")
     assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3, 4]
-    assert _metrics(resumed) == _metrics(uninterrupted)
+    assert round_metrics(resumed) == round_metrics(uninterrupted)
     assert [r["aggregate"] for r in resumed["rounds"]] == [r["aggregate"] for r in uninterrupted["rounds"]]
     for key in ("test_at_best_val", "best_round", "per_client", "total_bytes_sent",
                 "total_bytes_received", "failures"):
@@ -127,7 +115,7 @@ def test_inprocess_resume_matches_uninterrupted(algorithm, tmp_path, data_root):
     resumed = run_federation(dict(stopped, resume=True), log=logged.append)
     assert any("after round 2" in line for line in logged)
     assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3, 4]
-    assert _metrics(resumed) == _metrics(full)
+    assert round_metrics(resumed) == round_metrics(full)
     assert resumed["final"]["test_at_best_val"] == full["final"]["test_at_best_val"]
     assert [r["aggregate"] for r in resumed["rounds"]] == [r["aggregate"] for r in full["rounds"]]
     if algorithm == "gcfl":
@@ -146,8 +134,8 @@ def test_resume_with_context_state_warns_and_clients_restart(tmp_path, data_root
     resumed = run_federation(dict(stopped, resume=True), log=logged.append)
     warning = [line for line in logged if line.startswith("warning: resume=true with client-state=context")]
     assert len(warning) == 1 and "optimiser" in warning[0] and "\n" not in warning[0]
-    assert _metrics(resumed)[:2] == _metrics(full)[:2]  # history restored as it was
-    assert _metrics(resumed)[2] != _metrics(full)[2]  # clients restarted their Adam moments
+    assert round_metrics(resumed)[:2] == round_metrics(full)[:2]  # history restored as it was
+    assert round_metrics(resumed)[2] != round_metrics(full)[2]  # clients restarted their Adam moments
 
 
 def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path, data_root):
