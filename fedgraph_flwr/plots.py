@@ -56,12 +56,22 @@ def draw_round_costs(rounds: list[dict[str, Any]], path: Path) -> Path:
     right.set_title("seconds per round")
     right.legend(fontsize="small")
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    out = _save(fig, path, dpi=100)
     plt.close(fig)
-    tmp.replace(path)
-    return path
+    return out
+
+
+def _client_matrix(ax, matrix: np.ndarray, client_ids: list[int], title: str, **title_kw):
+    """A K×K client matrix as a heatmap on ``ax``, at most ~10 partition-id ticks per axis."""
+    im = ax.imshow(matrix, cmap="viridis")
+    ax.set_title(title, **title_kw)
+    ax.set_xlabel("client (partition id)")
+    ax.set_ylabel("client (partition id)")
+    ticks = np.arange(len(client_ids))
+    step = max(1, len(client_ids) // 10)
+    ax.set_xticks(ticks[::step], [str(c) for c in client_ids][::step])
+    ax.set_yticks(ticks[::step], [str(c) for c in client_ids][::step])
+    return im
 
 
 def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out_dir: Path) -> list[Path]:
@@ -75,14 +85,7 @@ def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out
             continue
         last = rounds[-1]
         fig, ax = plt.subplots(figsize=(5, 4.2))
-        im = ax.imshow(stacked[last], cmap="viridis")
-        ax.set_title(f"{name} (round {last + 1})")
-        ax.set_xlabel("client (partition id)")
-        ax.set_ylabel("client (partition id)")
-        ticks = np.arange(len(client_ids))
-        step = max(1, len(client_ids) // 10)
-        ax.set_xticks(ticks[::step], [str(c) for c in client_ids][::step])
-        ax.set_yticks(ticks[::step], [str(c) for c in client_ids][::step])
+        im = _client_matrix(ax, stacked[last], client_ids, f"{name} (round {last + 1})")
         fig.colorbar(im, ax=ax)
         fig.tight_layout()
         path = Path(out_dir) / f"heatmap_{name.replace('.', '_')}.png"
@@ -96,25 +99,14 @@ def draw_side_by_side(panels: dict[str, np.ndarray], path: str | Path, title: st
                       client_ids: list[int] | None = None) -> Path:
     """K×K matrices in one row of heatmaps (each with its own colour bar), e.g. a
     method's client similarity beside the ground truth; writes a PNG to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if not panels:
         raise ValueError("nothing to draw")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
     for ax, (name, matrix) in zip(axes[0], panels.items()):
         matrix = np.asarray(matrix, dtype=np.float64)
         ids = client_ids if client_ids is not None else list(range(matrix.shape[0]))
-        im = ax.imshow(matrix, cmap="viridis")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("client (partition id)")
-        ax.set_ylabel("client (partition id)")
-        ticks = np.arange(len(ids))
-        step = max(1, len(ids) // 10)
-        ax.set_xticks(ticks[::step], [str(c) for c in ids][::step])
-        ax.set_yticks(ticks[::step], [str(c) for c in ids][::step])
+        im = _client_matrix(ax, matrix, ids, name, fontsize=10)
         bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
         bar.formatter.set_useOffset(False)  # near-constant matrices: show values, not an offset
         bar.update_ticks()
@@ -127,11 +119,11 @@ def draw_side_by_side(panels: dict[str, np.ndarray], path: str | Path, title: st
     return path
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, dpi: int = 110) -> Path:
     """Write through a temp file, then rename: never a half-written PNG."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=dpi)
     tmp.replace(path)
     return path
 
