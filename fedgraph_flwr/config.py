@@ -206,11 +206,13 @@ def _check_partition_dir(folder: str, num_clients: int) -> None:
     """partition=files: the folder holds exactly client_0 .. client_<num-clients - 1>."""
     if not folder:
         raise ConfigError("partition=files needs partition-dir=<folder of client_<i> files>")
+    from .data.files import SubgraphFileError, client_files  # local import: pulls in torch
+
     path = Path(folder).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"partition-dir {path} is not a folder")
-    ids = sorted(int(m.group(1)) for p in path.iterdir()
-                 if (m := re.fullmatch(r"client_(\d+)\.(?:npz|pt)", p.name)))
+    try:
+        ids = sorted(client_files(path))
+    except SubgraphFileError as exc:
+        raise ConfigError(f"partition-dir: {exc}") from None
     if ids != list(range(num_clients)):
         raise ConfigError(
             f"partition-dir {path} holds {len(ids)} client file(s) (ids {ids[:10]}) but "
