@@ -129,9 +129,10 @@ def _save(fig, path: Path, dpi: int = 110) -> Path:
 
 
 def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path,
-                key: str = "mean_test") -> Path:
-    """Mean over seeds of ``key`` (a per-round figure of results.json) vs round, one line per
-    cell, with a ±1 std band across seeds; rounds a seed did not log are left out."""
+                key: str = "held_mean_test") -> Path:
+    """Mean over seeds of ``key`` (a per-round figure of results.json; ``mean_test`` where
+    an older file lacks it) vs round, one line per cell, with a ±1 std band across seeds;
+    rounds a seed did not log are left out."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for cell, results in sorted(cells.items()):
@@ -139,7 +140,7 @@ def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path,
         grid = np.full((len(results), last), np.nan)
         for i, res in enumerate(results):
             for j, rnd in enumerate(res["rounds"]):
-                grid[i, j] = 100 * float(rnd.get(key, np.nan))
+                grid[i, j] = 100 * float(rnd.get(key, rnd.get("mean_test", np.nan)))
         x = np.arange(1, last + 1)
         seen = np.isfinite(grid)
         count = seen.sum(axis=0)

@@ -67,3 +67,39 @@ def test_fraction_one_is_full_participation(tmp_path):
     half = run_federation(dict(base, fraction=0.5, **{"run-name": "half"}), write=False)
     assert all(len(r["sampled"]) == 2 for r in half["rounds"])
     assert round_metrics(half) != round_metrics(full)
+
+
+def test_sampling_follows_the_fediih_reference_rule(tmp_path):
+    """np.random.seed(seed + r); choice(M, round(M * frac), replace=False) (spec fediih §10.6)."""
+    cfg = resolve_config(None, {"num-clients": 20, "fraction": 0.3, "seed": 7,
+                                "output-dir": str(tmp_path)})
+    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10}
+              for c in range(20)}
+    fed = Federation(cfg, roster, log=lambda msg: None)
+    for server_round in (1, 2, 50):
+        np.random.seed(7 + server_round)
+        expected = sorted(np.random.choice(20, round(20 * 0.3), replace=False).tolist())
+        assert fed.sample(server_round) == expected
+
+
+def test_headline_uses_every_clients_held_model_not_the_sampled_few(tmp_path):
+    """With fraction < 1 a round's mean over its few replies is noisy; the best round is
+    picked by the mean over all clients, each at the metrics of the model it holds (its
+    last reply), and only once every client has replied."""
+    run = run_federation({"algorithm": "fedaux", "dataset": "SBM", "num-clients": 4, "rounds": 8,
+                          "hidden": 8, "fraction": 0.5, "output-dir": str(tmp_path)}, write=False)
+    latest: dict[str, tuple[float, float]] = {}
+    held = []
+    for r in run["rounds"]:
+        assert len(r["clients"]) == 2
+        for cid, m in r["clients"].items():
+            latest[cid] = (m["val_metric"], m["test_metric"])
+        expected = (np.mean([v for v, _ in latest.values()]), np.mean([t for _, t in latest.values()])
+                    ) if len(latest) == 4 else (np.nan, np.nan)
+        np.testing.assert_allclose([r["held_mean_val"], r["held_mean_test"]], expected)
+        held.append((r["held_mean_val"], -r["round"], r["held_mean_test"], r["round"]))
+    scored = [h for h in held if not np.isnan(h[0])]
+    assert scored, "every client should have been sampled within 8 rounds"
+    best = max(scored)
+    assert run["final"]["best_round"] == best[3]
+    assert run["final"]["test_at_best_val"] == pytest.approx(100 * best[2])

@@ -194,9 +194,12 @@ class Federation:
         fraction = float(self.config["fraction"])
         if fraction >= 1.0:
             return list(self.client_ids)
+        # The FedIIH reference's rule (spec fediih.md §10.6):
+        # np.random.seed(seed + r); choice(M, round(M * frac), replace=False).
         k = max(1, round(fraction * len(self.client_ids)))
-        rng = np.random.default_rng([int(self.config["seed"]), server_round])
-        return sorted(int(c) for c in rng.choice(self.client_ids, size=k, replace=False))
+        rng = np.random.RandomState(int(self.config["seed"]) + server_round)
+        chosen = rng.choice(len(self.client_ids), k, replace=False)
+        return sorted(self.client_ids[int(i)] for i in chosen)
 
     def payload_for(self, client_id: int) -> Arrays:
         """The client's personalized arrays, or the global initial model before it has any."""
@@ -297,12 +300,38 @@ class Federation:
         history.append(full)
 
     # --- summaries and files --------------------------------------------------------
+    def held_means(self) -> dict[int, tuple[float, float]]:
+        """Per round: mean (val, test) over *all* clients of the model each one holds.
+
+        A client that did not train in a round (not sampled, or failed) still holds
+        the model of its last round, whose metrics it reported then; they carry over.
+        NaN until every client has reported once. With full participation this is
+        each round's mean over its replies; with ``fraction`` < 1 it avoids picking
+        the "best" round by the luck of which few clients were sampled.
+        """
+        latest: dict[int, tuple[float, float]] = {}
+        out: dict[int, tuple[float, float]] = {}
+        for r in self.rounds:
+            for cid, m in r.clients.items():
+                if not math.isnan(m.get(VAL, float("nan"))):
+                    latest[cid] = (m[VAL], m[TEST])
+            if len(latest) == len(self.client_ids):
+                vals, tests = zip(*latest.values())
+                out[r.round] = (float(np.mean(vals)), float(np.mean(tests)))
+            else:
+                out[r.round] = (float("nan"), float("nan"))
+        return out
+
     def final(self) -> dict[str, Any]:
-        """The papers' protocol: mean test at the best mean-val round, and per-client best-val test."""
-        scored = [r for r in self.rounds if not r.void and not math.isnan(r.mean(VAL))]
+        """The papers' protocol: mean test at the best mean-val round, and per-client best-val test.
+
+        "Mean" is over all clients' held models (:meth:`held_means`).
+        """
+        held = self.held_means()
+        scored = [r for r in self.rounds if not r.void and not math.isnan(held[r.round][0])]
         if not scored:
             return {"test_at_best_val": float("nan"), "best_round": None}
-        best = max(scored, key=lambda r: (r.mean(VAL), -r.round))
+        best = max(scored, key=lambda r: (held[r.round][0], -r.round))
         per_client: dict[str, dict[str, float]] = {}
         for cid in self.client_ids:
             seen = [(r.clients[cid][VAL], -r.round, r.clients[cid][TEST], r.round)
@@ -312,8 +341,8 @@ class Federation:
                 per_client[str(cid)] = {"best_round": rnd, "val": 100 * val, "test": 100 * test}
         return {
             "metric": resolve_metric(self.config, self.num_classes),
-            "test_at_best_val": 100 * best.mean(TEST),
-            "val_at_best_val": 100 * best.mean(VAL),
+            "test_at_best_val": 100 * held[best.round][1],
+            "val_at_best_val": 100 * held[best.round][0],
             "best_round": best.round,
             "per_client_best_val_test": float(np.mean([v["test"] for v in per_client.values()]))
             if per_client else float("nan"),
@@ -357,10 +386,16 @@ class Federation:
             "clients": {str(c): f for c, f in self.roster.items()},
             "num_features": self.num_features,
             "num_classes": self.num_classes,
-            "rounds": [r.to_json() for r in self.rounds],
+            "rounds": self._rounds_json(),
             "wall_time_s": self.wall_time(),
             "final": self.final(),
         }
+
+    def _rounds_json(self) -> list[dict[str, Any]]:
+        """Each round's record plus the all-client means of :meth:`held_means`."""
+        held = self.held_means()
+        return [{**r.to_json(), "held_mean_val": held[r.round][0],
+                 "held_mean_test": held[r.round][1]} for r in self.rounds]
 
     def write_results(self) -> Path:
         """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``."""
