@@ -38,6 +38,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "weight-decay": 1e-6,
     "hidden": 256,
     "num-layers": 2,
+    "gnn": "gcn",  # backbone of the GCN-family baselines (Local, FedAvg, ...): gcn | sgc | sage
     "dropout": 0.5,
     "metric": "auto",
     # seeds: model/training seed, and the data seeds of the papers' protocol
@@ -192,6 +193,10 @@ def validate(config: Mapping[str, Any]) -> None:
             f"min-clients must be in [0, num-clients={config['num-clients']}], "
             f"got {config['min-clients']}"
         )
+    from .nn.personal_gnn import BACKBONES
+
+    if config["gnn"] not in BACKBONES:
+        raise ConfigError(f"unknown gnn {config['gnn']!r}; valid: {', '.join(BACKBONES)}")
     if config["metric"] not in ("auto", "accuracy", "roc_auc"):
         raise ConfigError(f"unknown metric {config['metric']!r}; valid: auto, accuracy, roc_auc")
     if config["client-state"] not in CLIENT_STATE_MODES:

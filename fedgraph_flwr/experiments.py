@@ -12,7 +12,9 @@ A grid file::
     paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
 
 Each ``run``/``report`` also draws ``curves.png`` (mean test accuracy per round with a
-±1 std band over seeds) and, with ``plot-x: <key>``, ``by_<key>.png``.
+±1 std band over seeds), ``per_client.png`` (each client's best-val test accuracy, per
+cell), ``minority.png`` where runs report FedSpray's pooled figures (overall, majority
+and minority test accuracy per cell) and, with ``plot-x: <key>``, ``by_<key>.png``.
 ``grid`` may also be a list of such mappings (their union). A cell is
 ``algorithm|dataset|partition|num-clients``, plus ``|key=value`` for every other key in
 which runs of that cell differ (ablation switches).
@@ -40,6 +42,9 @@ import yaml
 from .config import ConfigError, resolve_config
 
 CELL_KEYS = ("algorithm", "dataset", "partition", "num-clients")
+# Figures of results.json's ``final`` every table shows, and those a paper may be compared on.
+FIXED_COLUMNS = ("test_at_best_val", "per_client_best_val_test")
+PAPER_METRICS = (*FIXED_COLUMNS, "pooled_test_at_best_val_loss")
 
 
 def load_grid(path: str | Path) -> dict[str, Any]:
@@ -178,35 +183,39 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
     """table.md and table.csv: mean ± std per cell of both figures, beside the paper.
 
     ``paper-metric`` in the grid file names the figure the paper's numbers are compared
-    with: ``test_at_best_val`` (FedAux/FED-PUB protocol, the default) or
-    ``per_client_best_val_test`` (FedIIH's: each client's test at its own best val round).
+    with: ``test_at_best_val`` (FedAux/FED-PUB protocol, the default),
+    ``per_client_best_val_test`` (FedIIH's: each client's test at its own best val round)
+    or ``pooled_test_at_best_val_loss`` (FedSpray's: pooled accuracy at the round of lowest
+    pooled val loss). ``columns`` lists further figures of results.json's ``final`` to
+    tabulate (e.g. ``pooled_minority_at_best_val_loss``).
     """
     paper = (spec or {}).get("paper", {})
     paper_metric = (spec or {}).get("paper-metric", "test_at_best_val")
-    if paper_metric not in ("test_at_best_val", "per_client_best_val_test"):
-        raise ConfigError(f"unknown paper-metric {paper_metric!r}; valid: test_at_best_val, "
-                          "per_client_best_val_test")
+    if paper_metric not in PAPER_METRICS:
+        raise ConfigError(f"unknown paper-metric {paper_metric!r}; valid: {', '.join(PAPER_METRICS)}")
+    extra = [c for c in (spec or {}).get("columns", []) if c not in FIXED_COLUMNS]
     rows = []
     cells = collect(out)
     for cell, results in sorted(cells.items()):
-        heads = [r["final"]["test_at_best_val"] for r in results]
-        per_client = [r["final"]["per_client_best_val_test"] for r in results]
+        figures = {key: [float(r["final"].get(key, float("nan"))) for r in results]
+                   for key in (*FIXED_COLUMNS, *extra, paper_metric)}
         secs = [r["wall_time_s"] / max(1, len(r["rounds"])) for r in results]
         ref = paper.get(cell)
-        mean = float(np.mean(heads if paper_metric == "test_at_best_val" else per_client))
+        mean = float(np.mean(figures[paper_metric]))
         rows.append({
             "cell": cell, "seeds": ",".join(str(r["config"]["seed"]) for r in results),
-            "test_at_best_val": _fmt(heads), "per_client_best_val_test": _fmt(per_client),
+            **{key: _fmt(figures[key]) for key in (*FIXED_COLUMNS, *extra)},
             "paper": "" if ref is None else f"{ref:.2f}",
             "diff": "" if ref is None else f"{mean - ref:+.2f}",
             "s_per_round": f"{np.mean(secs):.3f}",
         })
     md = out / "table.md"
     header = ["cell (algorithm\\|dataset\\|partition\\|clients)", "seeds", "test @ best val (%)",
-              "per-client best-val test (%)", f"paper (vs {paper_metric})", "diff", "s/round"]
+              "per-client best-val test (%)", *(f"{c} (%)" for c in extra),
+              f"paper (vs {paper_metric})", "diff", "s/round"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        fields = [r[k] for k in ("cell", "seeds", "test_at_best_val", "per_client_best_val_test",
+        fields = [r[k] for k in ("cell", "seeds", *FIXED_COLUMNS, *extra,
                                  "paper", "diff", "s_per_round")]
         fields[0] = fields[0].replace("|", "\\|")  # a literal | inside a Markdown table cell
         lines.append("| " + " | ".join(fields) + " |")
@@ -222,14 +231,17 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
 
 def _draw(out: Path, cells: dict[str, list[dict[str, Any]]], spec: dict[str, Any],
           paper_metric: str) -> None:
-    """curves.png (mean test accuracy per round, ±1 std over seeds, one line per cell);
-    with ``plot-x: <key>`` in the grid file also ``by_<key>.png``: the headline figure
+    """curves.png (mean test accuracy per round, ±1 std over seeds, one line per cell),
+    per_client.png, minority.png (when the runs report pooled minority figures); with ``plot-x: <key>`` in the grid file also ``by_<key>.png``: the headline figure
     against that key's value, one line per cell otherwise alike."""
     if not cells:
         return
-    from .plots import draw_curves, draw_versus
+    from .plots import draw_client_bars, draw_curves, draw_minority, draw_versus
 
     draw_curves(cells, out / "curves.png")
+    draw_client_bars(cells, out / "per_client.png")
+    if any("pooled_minority_at_best_val_loss" in r["final"] for rs in cells.values() for r in rs):
+        draw_minority(cells, out / "minority.png")
     x_key = spec.get("plot-x")
     if not x_key:
         return

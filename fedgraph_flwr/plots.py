@@ -174,3 +174,65 @@ def draw_versus(series: dict[str, list[tuple[float, float, float]]], x_label: st
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def _short(cell: str) -> str:
+    """A cell name for a tick label: without the partition, rarely what a figure compares."""
+    parts = cell.split("|")
+    return "|".join(parts[:2] + parts[3:]) if len(parts) > 3 else cell
+
+
+def draw_client_bars(cells: dict[str, list[dict[str, Any]]], path: Path, ncols: int = 3) -> Path:
+    """One panel per cell: each client's test metric at its own best-val round (results'
+    ``final.per_client``), mean over seeds with ±1 std error bars; the dashed line is the
+    cell's mean over clients."""
+    plt = _pyplot()
+    names = sorted(cells)
+    nrows = max(1, -(-len(names) // ncols))
+    fig, axes = plt.subplots(nrows, min(ncols, len(names)), squeeze=False,
+                             figsize=(4.2 * min(ncols, len(names)), 2.8 * nrows))
+    for ax, cell in zip(axes.flat, names):
+        per_seed = [r["final"].get("per_client", {}) for r in cells[cell]]
+        ids = sorted({int(c) for p in per_seed for c in p})
+        values = np.array([[p.get(str(c), {}).get("test", np.nan) for c in ids] for p in per_seed])
+        mean = np.nanmean(values, axis=0) if ids else np.array([])
+        std = np.nanstd(values, axis=0) if ids else np.array([])
+        ax.bar(ids, mean, yerr=std, capsize=2, color="tab:blue", alpha=0.8)
+        if ids:
+            ax.axhline(float(np.nanmean(mean)), color="k", ls="--", lw=1)
+            ax.set_ylim(max(0.0, float(np.nanmin(mean - std)) - 10), 100)
+        ax.set_title(_short(cell), fontsize="small")
+        ax.set_xlabel("client")
+        ax.set_ylabel("best-val test (%)")
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def draw_minority(cells: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+    """FedSpray's view: pooled overall, majority and minority test accuracy at the round of
+    lowest pooled val loss, one group of bars per cell (mean ± std over seeds)."""
+    plt = _pyplot()
+    names = [c for c in sorted(cells)
+             if any("pooled_minority_at_best_val_loss" in r["final"] for r in cells[c])]
+    kinds = (("pooled_test_at_best_val_loss", "overall"),
+             ("pooled_majority_at_best_val_loss", "majority"),
+             ("pooled_minority_at_best_val_loss", "minority"))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 2), 4.2))
+    x = np.arange(len(names))
+    width = 0.27
+    for i, (key, label) in enumerate(kinds):
+        vals = [[r["final"].get(key, np.nan) for r in cells[c]] for c in names]
+        ax.bar(x + (i - 1) * width, [np.nanmean(v) for v in vals], width,
+               yerr=[np.nanstd(v) for v in vals], capsize=2, label=label)
+    ax.set_xticks(x, [_short(c) for c in names], rotation=35, ha="right", fontsize="x-small")
+    ax.set_ylabel("pooled test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -56,6 +57,24 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     mean = float(fedavg["test_at_best_val"].split(" ± ")[0])
     assert fedavg["paper"] == "50.00" and float(fedavg["diff"]) == pytest.approx(mean - 50.0, abs=0.01)
     assert "| fedaux\\|SBM\\|metis\\|2\\|fedaux-server=average | 0,1 |" in md.read_text()
+
+    # FedSpray's protocol as the compared figure, its minority accuracy as a column, and
+    # the per-client and majority/minority bar charts.
+    spec = dict(spec, **{"paper-metric": "pooled_test_at_best_val_loss",
+                         "columns": ["pooled_minority_at_best_val_loss"]})
+    md, path_csv = write_tables(out, spec)
+    rows = {r["cell"]: r for r in csv.DictReader(path_csv.open())}
+    results = [json.loads(p.read_text()) for p in out.glob("fedavg-*/results.json")]
+    minority = [r["final"]["pooled_minority_at_best_val_loss"] for r in results]
+    assert rows["fedavg|SBM|metis|2"]["pooled_minority_at_best_val_loss"].startswith(
+        f"{sum(minority) / len(minority):.2f} ± ")
+    pooled = sum(r["final"]["pooled_test_at_best_val_loss"] for r in results) / len(results)
+    assert float(rows["fedavg|SBM|metis|2"]["diff"]) == pytest.approx(pooled - 50.0, abs=0.01)
+    assert "pooled_minority_at_best_val_loss (%)" in md.read_text().splitlines()[0]
+    for png in ("per_client.png", "minority.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ConfigError, match="paper-metric"):
+        write_tables(out, dict(spec, **{"paper-metric": "best"}))
 
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):

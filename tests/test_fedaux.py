@@ -430,3 +430,21 @@ def test_sbm_apv_similarity_recovers_groups():
     flat = np.stack([np.concatenate([v.ravel() for k, v in sorted(updates[c].arrays.items())
                                      if k != "apv"]) for c in range(20)])
     assert ari(apv_similarity(flat)) >= 0.9
+
+
+def test_apv_alignment_is_cosine_with_the_top_principal_direction():
+    from fedgraph_flwr.algorithms.fedaux import apv_alignment
+
+    gen = torch.Generator().manual_seed(0)
+    u = torch.nn.functional.normalize(torch.randn(16, generator=gen), dim=0)
+    v = torch.nn.functional.normalize(torch.randn(16, generator=gen), dim=0)
+    v = torch.nn.functional.normalize(v - (v @ u) * u, dim=0)  # v ⟂ u
+    # Spread 3 along u, 1 along v, a little elsewhere: u is Cov(h)'s top eigenvector.
+    h = (3 * torch.randn(200, 1, generator=gen) * u + torch.randn(200, 1, generator=gen) * v
+         + 0.01 * torch.randn(200, 16, generator=gen) + 5.0)
+    assert apv_alignment(h, -2.5 * u) == pytest.approx(1.0, abs=1e-3)  # sign and scale free
+    assert apv_alignment(h, v) == pytest.approx(0.0, abs=1e-2)
+    a = torch.randn(16, generator=gen)
+    centred = (h - h.mean(0)).double()
+    top = torch.linalg.eigh(centred.T @ centred)[1][:, -1]
+    assert apv_alignment(h, a) == pytest.approx(float((a.double() @ top).abs() / a.norm()), abs=1e-6)

@@ -103,3 +103,32 @@ def test_headline_uses_every_clients_held_model_not_the_sampled_few(tmp_path):
     best = max(scored)
     assert run["final"]["best_round"] == best[3]
     assert run["final"]["test_at_best_val"] == pytest.approx(100 * best[2])
+
+
+def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
+    """FedSpray's selection (fedspray.md §7): Σ CE_k·|val_k| / Σ |val_k| over all clients'
+    held models, and there pooled overall / minority / majority test accuracy."""
+    cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 2, "hidden": 8,
+                                "output-dir": str(tmp_path)})
+    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10}
+              for c in range(2)}
+    fed = Federation(cfg, roster, log=lambda msg: None)
+
+    def reply(val_loss, val_count, correct, minority_correct):
+        m = {"val_metric": 0.5, "test_metric": 0.5, "val_loss_sum": val_loss * val_count,
+             "val_count": val_count, "test_correct": correct, "test_count": 10.0,
+             "minority_correct": minority_correct, "minority_count": 4.0, "partition-id": 0}
+        return ClientReply(dict(fed.initial), {}, m)
+
+    # Round 2 has the lowest pooled loss (client 1's many val nodes dominate), though its
+    # *mean* per-client loss (0.95) is higher than round 1's (0.6).
+    losses = {1: ((0.2, 1.0), (1.0, 9.0)), 2: ((1.8, 1.0), (0.1, 9.0)), 3: ((1.0, 1.0), (1.0, 9.0))}
+    for rnd, ((l0, n0), (l1, n1)) in losses.items():
+        fed.complete_round(rnd, [0, 1], {0: reply(l0, n0, 6.0 + rnd, 2.0),
+                                         1: reply(l1, n1, 7.0, 1.0 + rnd)}, {}, {})
+    final = fed.final()
+    assert final["pooled_best_round"] == 2
+    assert final["pooled_val_loss"] == pytest.approx((1.8 + 0.9) / 10)
+    assert final["pooled_test_at_best_val_loss"] == pytest.approx(100 * (8 + 7) / 20)
+    assert final["pooled_minority_at_best_val_loss"] == pytest.approx(100 * (2 + 3) / 8)
+    assert final["pooled_majority_at_best_val_loss"] == pytest.approx(100 * (15 - 5) / 12)

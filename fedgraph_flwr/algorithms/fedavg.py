@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from torch import nn
+
 from ..nn.gcn import GCN
+from ..nn.personal_gnn import PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .supervised import SupervisedTrainer
 
 
 class GCNTrainer(SupervisedTrainer):
-    """Plain GCN trained with cross-entropy; the whole model is shared."""
+    """A plain GNN trained with cross-entropy; the whole model is shared.
+
+    ``gnn`` picks the backbone: gcn (default), or sgc / sage as in FedSpray's table,
+    where Local and FedAvg run on each of FedSpray's personalized backbones.
+    """
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> GCN:
-        return GCN(num_features, int(config["hidden"]), num_classes,
-                   num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
+    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
+        backbone = str(config.get("gnn", "gcn"))
+        if backbone == "gcn":
+            return GCN(num_features, int(config["hidden"]), num_classes,
+                       num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
+        return PersonalGNN(num_features, int(config["hidden"]), num_classes, backbone=backbone,
+                           num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
 
 
 def weighted_average(updates: dict[int, ClientUpdate], weighting: str) -> Arrays:

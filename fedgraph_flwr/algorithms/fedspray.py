@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..metrics import score
+from ..metrics import pooled_counts, score
 from ..nn.fedspray_encoder import FeatureStructureEncoder
 from ..nn.personal_gnn import BACKBONES, PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate, Config
@@ -304,23 +304,13 @@ class FedSprayTrainer(ClientTrainer):
         # Mean CE as SupervisedTrainer computes it (bit-equal to Local when λ1 = 0).
         val_loss = (float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
                     if val_count else float("nan"))
-        correct = logits.argmax(dim=1) == data.y
         majority = int(self.class_counts.argmax())
-        minority_mask = data.test_mask & (data.y != majority)
-        minority_count = int(minority_mask.sum())
-        minority_correct = int(correct[minority_mask].sum())
         return {
             "val_loss": val_loss,
             "train_metric": score(logits, data.y, data.train_mask, self.metric),
             "val_metric": score(logits, data.y, data.val_mask, self.metric),
             "test_metric": score(logits, data.y, data.test_mask, self.metric),
-            "test_correct": float(correct[data.test_mask].sum()),
-            "test_count": float(data.test_mask.sum()),
-            "minority_correct": float(minority_correct),
-            "minority_count": float(minority_count),
-            "minority_metric": minority_correct / minority_count if minority_count else float("nan"),
-            "val_loss_sum": val_loss * val_count if val_count else 0.0,
-            "val_count": float(val_count),
+            **pooled_counts(logits, data.y, data.val_mask, data.test_mask, majority, val_loss),
         }
 
     # --- local state ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..metrics import score
+from ..metrics import pooled_counts, score
 from .base import Arrays, ClientTrainer, Config
 
 
@@ -96,17 +96,22 @@ class SupervisedTrainer(ClientTrainer):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
+        return self.metrics_from_logits(self.forward())
+
+    def metrics_from_logits(self, logits: torch.Tensor) -> dict[str, float]:
+        """Val loss, train/val/test metric and the pooled counts of eval-mode logits [n, C]."""
         data = self.data
-        logits = self.forward()
         val_loss = (
             float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
             if int(data.val_mask.sum()) else float("nan")
         )
+        majority = int(torch.bincount(data.y[data.train_mask]).argmax())
         return {
             "val_loss": val_loss,
             "train_metric": score(logits, data.y, data.train_mask, self.metric),
             "val_metric": score(logits, data.y, data.val_mask, self.metric),
             "test_metric": score(logits, data.y, data.test_mask, self.metric),
+            **pooled_counts(logits, data.y, data.val_mask, data.test_mask, majority, val_loss),
         }
 
     def upload(self) -> Arrays:

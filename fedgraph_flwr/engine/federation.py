@@ -300,27 +300,66 @@ class Federation:
         history.append(full)
 
     # --- summaries and files --------------------------------------------------------
-    def held_means(self) -> dict[int, tuple[float, float]]:
-        """Per round: mean (val, test) over *all* clients of the model each one holds.
+    def held_metrics(self) -> dict[int, dict[int, dict[str, float]] | None]:
+        """Per round: every client's metrics of the model it holds after that round.
 
         A client that did not train in a round (not sampled, or failed) still holds
         the model of its last round, whose metrics it reported then; they carry over.
-        NaN until every client has reported once. With full participation this is
-        each round's mean over its replies; with ``fraction`` < 1 it avoids picking
-        the "best" round by the luck of which few clients were sampled.
+        None until every client has reported once.
         """
-        latest: dict[int, tuple[float, float]] = {}
-        out: dict[int, tuple[float, float]] = {}
+        latest: dict[int, dict[str, float]] = {}
+        out: dict[int, dict[int, dict[str, float]] | None] = {}
         for r in self.rounds:
             for cid, m in r.clients.items():
                 if not math.isnan(m.get(VAL, float("nan"))):
-                    latest[cid] = (m[VAL], m[TEST])
-            if len(latest) == len(self.client_ids):
-                vals, tests = zip(*latest.values())
-                out[r.round] = (float(np.mean(vals)), float(np.mean(tests)))
-            else:
-                out[r.round] = (float("nan"), float("nan"))
+                    latest[cid] = m
+            out[r.round] = dict(latest) if len(latest) == len(self.client_ids) else None
         return out
+
+    def held_means(self) -> dict[int, tuple[float, float]]:
+        """Per round: mean (val, test) over *all* clients' held models (NaN before all
+        have reported). With full participation this is each round's mean over its
+        replies; with ``fraction`` < 1 it avoids picking the "best" round by the luck
+        of which few clients were sampled."""
+        out: dict[int, tuple[float, float]] = {}
+        for rnd, held in self.held_metrics().items():
+            out[rnd] = ((float(np.mean([m[VAL] for m in held.values()])),
+                         float(np.mean([m[TEST] for m in held.values()])))
+                        if held else (float("nan"), float("nan")))
+        return out
+
+    def pooled_at_best_val_loss(self) -> dict[str, Any]:
+        """FedSpray's protocol (fedspray.md §7): the round of lowest pooled validation
+        loss Σ_k CE_k·|val_k| / Σ_k |val_k|, and there the pooled (micro) overall,
+        minority and majority test accuracy. Empty if the trainer reports no counts."""
+        keys = ("val_loss_sum", "val_count", "test_correct", "test_count",
+                "minority_correct", "minority_count")
+        best: tuple[float, int, dict[str, float]] | None = None
+        held_by_round = self.held_metrics()
+        for r in self.rounds:
+            held = held_by_round[r.round]
+            if r.void or not held or not all(k in m for m in held.values() for k in keys):
+                continue
+            total = {k: float(sum(m[k] for m in held.values())) for k in keys}
+            if total["val_count"] == 0:
+                continue
+            loss = total["val_loss_sum"] / total["val_count"]
+            if best is None or loss < best[0]:
+                best = (loss, r.round, total)
+        if best is None:
+            return {}
+        loss, rnd, t = best
+        majority_count = t["test_count"] - t["minority_count"]
+        return {
+            "pooled_best_round": rnd,
+            "pooled_val_loss": loss,
+            "pooled_test_at_best_val_loss": 100 * t["test_correct"] / t["test_count"],
+            "pooled_minority_at_best_val_loss":
+                100 * t["minority_correct"] / t["minority_count"] if t["minority_count"] else float("nan"),
+            "pooled_majority_at_best_val_loss":
+                100 * (t["test_correct"] - t["minority_correct"]) / majority_count
+                if majority_count else float("nan"),
+        }
 
     def final(self) -> dict[str, Any]:
         """The papers' protocol: mean test at the best mean-val round, and per-client best-val test.
@@ -347,6 +386,7 @@ class Federation:
             "per_client_best_val_test": float(np.mean([v["test"] for v in per_client.values()]))
             if per_client else float("nan"),
             "per_client": per_client,
+            **self.pooled_at_best_val_loss(),
             "total_bytes_sent": int(sum(sum(r.bytes_sent.values()) for r in self.rounds)),
             "total_bytes_received": int(sum(sum(r.bytes_received.values()) for r in self.rounds)),
             "failures": int(sum(len(r.failures) for r in self.rounds)),

@@ -106,7 +106,10 @@ class FedAuxNet(nn.Module):
             return self.hard_conv(h, s)
         return kernel_smooth(s, h, self.sigma, self.kernel_impl, self.dense_max_nodes)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x, edge_index)
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [N, C] from embeddings h [N, d']: classifier on [h ‖ z]."""
         z = self.aggregate(h, self.scores(h))
         return self.classifier(torch.cat([h, z], dim=1))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x, edge_index))
