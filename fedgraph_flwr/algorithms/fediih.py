@@ -247,11 +247,26 @@ def gaussian_js(mu_a: np.ndarray, logvar_a: np.ndarray,
     return 0.5 * (kl(mu_a, var_a) + kl(mu_b, var_b))
 
 
+# Pairwise JS works on [rows, M, d_k] temporaries; rows are chosen so that one holds
+# about this many float64s (64 MB), keeping server memory linear in M·d_k, not M²·d_k.
+JS_BLOCK_ELEMENTS = 8 * 1024 * 1024
+
+
 def factor_similarity(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
-    """S^k_mj = 1 − JS(q_m^k, q_j^k)/ln 2; mu, logvar [M, K, d_k] -> S [K, M, M]."""
+    """S^k_mj = 1 − JS(q_m^k, q_j^k)/ln 2; mu, logvar [M, K, d_k] -> S [K, M, M].
+
+    Computed in blocks of client rows (each entry exactly as the unblocked formula).
+    """
     mu = np.asarray(mu, np.float64).transpose(1, 0, 2)  # [K, M, d_k]
     logvar = np.asarray(logvar, np.float64).transpose(1, 0, 2)
-    js = gaussian_js(mu[:, :, None], logvar[:, :, None], mu[:, None], logvar[:, None])
+    num_factors, num_clients, d_k = mu.shape
+    rows = max(1, JS_BLOCK_ELEMENTS // max(1, num_clients * d_k))
+    js = np.empty((num_factors, num_clients, num_clients))
+    for k in range(num_factors):
+        for start in range(0, num_clients, rows):
+            block = slice(start, start + rows)
+            js[k, block] = gaussian_js(mu[k, block, None], logvar[k, block, None],
+                                       mu[k, None], logvar[k, None])
     return 1.0 - js / math.log(2.0)
 
 
@@ -267,8 +282,16 @@ def blockwise_mix(blocks: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """Personalised per-factor average: out[m, k] = Σ_j β[k, m, j] · blocks[j, k].
 
     blocks [M, K, ...] (client j's factor-k block), beta [K, M, M] -> [M, K, ...].
+    One [M, M] @ [M, block size] matrix product per factor (BLAS).
     """
-    return np.einsum("kmj,jk...->mk...", np.asarray(beta, np.float64), np.asarray(blocks, np.float64))
+    beta = np.asarray(beta, np.float64)
+    blocks = np.asarray(blocks, np.float64)
+    num_clients, num_factors = blocks.shape[:2]
+    out = np.empty_like(blocks)
+    for k in range(num_factors):
+        flat = blocks[:, k].reshape(num_clients, -1)
+        out[:, k] = (beta[k] @ flat).reshape(blocks[:, k].shape)
+    return out
 
 
 class FedIIHAggregator(Aggregator):
