@@ -38,6 +38,21 @@ def test_inprocess_is_deterministic(tmp_path, data_root):
     assert (tmp_path / "a" / "results.json").is_file() and (tmp_path / "a" / "history.csv").is_file()
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl",
+                                       "apfl", "fedaux", "fediih", "fedspray"])
+def test_live_trainers_equal_trainers_restored_from_state(tmp_path, data_root, algorithm):
+    """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
+    rebuilds it from its serialised local state every round (here: client-state=file).
+    Equal numbers mean local_state() holds everything a trainer carries across rounds."""
+    cfg = {"algorithm": algorithm, "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
+           "local-epochs": 2, "data-root": str(data_root), "output-dir": str(tmp_path)}
+    live = run_federation(dict(cfg, **{"run-name": "live"}), write=False)
+    restored = run_federation(dict(cfg, **{"run-name": "restored", "client-state": "file",
+                                           "client-state-dir": str(tmp_path / "state")}),
+                              write=False)
+    assert _same(round_metrics(live), round_metrics(restored))
+
+
 def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
     """FedIIH's routing sums over edges with scatter-add; with two CPU threads that sum
     used to come out in varying order (last-digit differences). Same config, same numbers."""

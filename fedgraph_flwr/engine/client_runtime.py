@@ -218,6 +218,19 @@ class RoundOutput:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes | None,
+                    device: torch.device):
+    """The client's trainer as it was after its last round (``state``), or fresh."""
+    if device.type == "cpu":
+        # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
+        # deterministic kernels make the same config and seed give the same numbers.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    trainer = get_algorithm(str(config["algorithm"])).trainer(data, config, num_classes, device)
+    if state is not None:
+        trainer.load_local_state(state_from_bytes(state, device))
+    return trainer
+
+
 def train_round(
     data: Data,
     num_classes: int,
@@ -230,15 +243,22 @@ def train_round(
 ) -> RoundOutput:
     """One round on one client: restore, apply the server's payload, train, evaluate."""
     t0 = time.perf_counter()
-    device = device or pick_device()
-    if device.type == "cpu":
-        # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
-        # deterministic kernels make the same config and seed give the same numbers.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    algo = get_algorithm(str(config["algorithm"]))
-    trainer = algo.trainer(data, config, num_classes, device)
-    if state is not None:
-        trainer.load_local_state(state_from_bytes(state, device))
+    trainer = restore_trainer(data, num_classes, config, state, device or pick_device())
+    restore = time.perf_counter() - t0
+    out = run_round(trainer, config, payload, server_round, partition_id)
+    t1 = time.perf_counter()
+    out.state = state_to_bytes(trainer.local_state())
+    out.timings["time-setup"] += restore
+    out.timings["time-pack"] += time.perf_counter() - t1
+    return out
+
+
+def run_round(trainer, config: Config, payload: Arrays, server_round: int,
+              partition_id: int) -> RoundOutput:
+    """Apply the server's payload to a restored trainer, train, evaluate, pack the reply
+    (``state`` left empty: the caller serialises it when it must keep it)."""
+    t0 = time.perf_counter()
+    data = trainer.data
     trainer.load_payload(payload)
     # A per-(seed, client, round) stream: dropout masks differ across clients and rounds
     # but the whole run is reproducible.
@@ -250,14 +270,13 @@ def train_round(
     t3 = time.perf_counter()
     upload = trainer.upload()
     signature = trainer.signature()
-    new_state = state_to_bytes(trainer.local_state())
     t4 = time.perf_counter()
     metrics["num-train"] = int(data.train_mask.sum())
     return RoundOutput(
         upload={k: np.ascontiguousarray(v) for k, v in upload.items()},
         signature={k: np.ascontiguousarray(v, dtype=np.float32) for k, v in signature.items()},
         metrics={k: float(v) for k, v in metrics.items()},
-        state=new_state,
+        state=b"",
         timings={"time-setup": t1 - t0, "time-train": t2 - t1, "time-eval": t3 - t2,
                  "time-pack": t4 - t3},
     )

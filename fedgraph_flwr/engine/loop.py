@@ -38,9 +38,11 @@ def run_federation(
         roster[cid] = rt.describe(data, num_classes, identity, device)
     fed = Federation(config, roster, log=log)
     first = fed.first_round()  # 1, or after the checkpoint's last round (resume=true)
-    # Client state between rounds: in memory (as Flower's per-run context.state), or in
-    # the same per-client files as the ClientApp uses with client-state=file.
-    states: dict[int, bytes] = {}
+    # Client state between rounds: with client-state=file in the same per-client files as
+    # the ClientApp uses; otherwise each client's trainer simply stays alive between rounds
+    # (what a ClientApp restores from context.state; tests/test_engine.py checks both
+    # give the same numbers for every algorithm).
+    trainers: dict[int, Any] = {}
     in_files = config["client-state"] == "file"
     for server_round in range(first, int(config["rounds"]) + 1):
         t0 = time.perf_counter()
@@ -52,16 +54,20 @@ def run_federation(
         for cid in sampled:
             payload = fed.payload_for(cid)
             sent[cid] = nbytes(payload)
-            state = (rt.load_state_file(client_config, cid, server_round) if in_files
-                     else states.get(cid))
-            out = rt.train_round(clients[cid], fed.num_classes, client_config, payload,
-                                 state, server_round, cid, device)
             if in_files:
+                state = rt.load_state_file(client_config, cid, server_round)
+                out = rt.train_round(clients[cid], fed.num_classes, client_config, payload,
+                                     state, server_round, cid, device)
                 rt.save_state_file(client_config, cid, server_round, out.state)
+                extra = {"state-bytes": len(out.state)}
             else:
-                states[cid] = out.state
-            metrics = {**out.metrics, **out.timings, "partition-id": cid,
-                       "state-bytes": len(out.state)}
+                if cid not in trainers:
+                    trainers[cid] = rt.restore_trainer(clients[cid], fed.num_classes,
+                                                       client_config, None, device)
+                trainers[cid].config = client_config  # this round's server-round etc.
+                out = rt.run_round(trainers[cid], client_config, payload, server_round, cid)
+                extra = {}
+            metrics = {**out.metrics, **out.timings, "partition-id": cid, **extra}
             replies[cid] = ClientReply(out.upload, out.signature, metrics,
                                        nbytes(out.upload) + 4 * signature_floats(out.signature))
             waits[cid] = time.perf_counter() - t0
