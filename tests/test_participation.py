@@ -115,7 +115,8 @@ def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
     fed = Federation(cfg, roster, log=lambda msg: None)
 
     def reply(val_loss, val_count, correct, minority_correct):
-        m = {"val_metric": 0.5, "test_metric": 0.5, "val_loss_sum": val_loss * val_count,
+        m = {"val_metric": 0.5, "test_metric": correct / 10.0, "val_loss_sum": val_loss * val_count,
+             "minority_metric": minority_correct / 4.0,
              "val_count": val_count, "test_correct": correct, "test_count": 10.0,
              "minority_correct": minority_correct, "minority_count": 4.0, "partition-id": 0}
         return ClientReply(dict(fed.initial), {}, m)
@@ -132,3 +133,5 @@ def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
     assert final["pooled_test_at_best_val_loss"] == pytest.approx(100 * (8 + 7) / 20)
     assert final["pooled_minority_at_best_val_loss"] == pytest.approx(100 * (2 + 3) / 8)
     assert final["pooled_majority_at_best_val_loss"] == pytest.approx(100 * (15 - 5) / 12)
+    assert final["macro_test_at_best_val_loss"] == pytest.approx(100 * (0.8 + 0.7) / 2)
+    assert final["macro_minority_at_best_val_loss"] == pytest.approx(100 * (0.5 + 0.75) / 2)

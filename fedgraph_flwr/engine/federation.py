@@ -331,7 +331,9 @@ class Federation:
     def pooled_at_best_val_loss(self) -> dict[str, Any]:
         """FedSpray's protocol (fedspray.md §7): the round of lowest pooled validation
         loss Σ_k CE_k·|val_k| / Σ_k |val_k|, and there the pooled (micro) overall,
-        minority and majority test accuracy. Empty if the trainer reports no counts."""
+        minority and majority test accuracy, plus the macro figures (unweighted means
+        over clients of their own overall and minority accuracy). Empty if the trainer
+        reports no counts."""
         keys = ("val_loss_sum", "val_count", "test_correct", "test_count",
                 "minority_correct", "minority_count")
         best: tuple[float, int, dict[str, float]] | None = None
@@ -350,7 +352,13 @@ class Federation:
             return {}
         loss, rnd, t = best
         majority_count = t["test_count"] - t["minority_count"]
+        held = held_by_round[rnd] or {}
+        minority = [m["minority_metric"] for m in held.values()
+                    if not math.isnan(m.get("minority_metric", float("nan")))]
         return {
+            "macro_test_at_best_val_loss": 100 * float(np.mean([m[TEST] for m in held.values()])),
+            "macro_minority_at_best_val_loss":
+                100 * float(np.mean(minority)) if minority else float("nan"),
             "pooled_best_round": rnd,
             "pooled_val_loss": loss,
             "pooled_test_at_best_val_loss": 100 * t["test_correct"] / t["test_count"],
