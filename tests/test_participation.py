@@ -118,7 +118,8 @@ def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
         m = {"val_metric": 0.5, "test_metric": correct / 10.0, "val_loss_sum": val_loss * val_count,
              "minority_metric": minority_correct / 4.0,
              "val_count": val_count, "test_correct": correct, "test_count": 10.0,
-             "minority_correct": minority_correct, "minority_count": 4.0, "partition-id": 0}
+             "minority_correct": minority_correct, "minority_count": 4.0, "partition-id": 0,
+             "num-train": 10.0}
         return ClientReply(dict(fed.initial), {}, m)
 
     # Round 2 has the lowest pooled loss (client 1's many val nodes dominate), though its
