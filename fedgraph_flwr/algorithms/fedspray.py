@@ -63,12 +63,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..metrics import pooled_counts, score
 from ..nn.fedspray_encoder import FeatureStructureEncoder
 from ..nn.personal_gnn import BACKBONES, PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate, Config
 from .fedavg import weighted_average
-from .supervised import resolve_metric
+from .supervised import evaluation_metrics, resolve_metric
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "fedspray-gnn": "gcn",  # personalized backbone: gcn | sgc | sage
@@ -297,21 +296,10 @@ class FedSprayTrainer(ClientTrainer):
 
         Minority = test nodes whose label is not the client's majority *training* class.
         """
-        data = self.data
         self.gnn.eval()
-        logits = self.gnn(data.x, data.edge_index)
-        val_count = int(data.val_mask.sum())
-        # Mean CE as SupervisedTrainer computes it (bit-equal to Local when λ1 = 0).
-        val_loss = (float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
-                    if val_count else float("nan"))
-        majority = int(self.class_counts.argmax())
-        return {
-            "val_loss": val_loss,
-            "train_metric": score(logits, data.y, data.train_mask, self.metric),
-            "val_metric": score(logits, data.y, data.val_mask, self.metric),
-            "test_metric": score(logits, data.y, data.test_mask, self.metric),
-            **pooled_counts(logits, data.y, data.val_mask, data.test_mask, majority, val_loss),
-        }
+        # The same figures as SupervisedTrainer (bit-equal to Local when λ1 = 0).
+        return evaluation_metrics(self.gnn(self.data.x, self.data.edge_index), self.data,
+                                  self.metric)
 
     # --- local state ------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:

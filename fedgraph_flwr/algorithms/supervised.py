@@ -27,6 +27,24 @@ def resolve_metric(config: Config, num_classes: int) -> str:
     return metric
 
 
+def evaluation_metrics(logits: torch.Tensor, data: Data, metric: str) -> dict[str, float]:
+    """What every client reports from eval-mode logits [n, C]: mean val cross-entropy,
+    the train/val/test metric, and the pooled counts of FedSpray's protocol (minority =
+    not the majority class of the client's training labels)."""
+    val_loss = (
+        float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
+        if int(data.val_mask.sum()) else float("nan")
+    )
+    majority = int(torch.bincount(data.y[data.train_mask]).argmax())
+    return {
+        "val_loss": val_loss,
+        "train_metric": score(logits, data.y, data.train_mask, metric),
+        "val_metric": score(logits, data.y, data.val_mask, metric),
+        "test_metric": score(logits, data.y, data.test_mask, metric),
+        **pooled_counts(logits, data.y, data.val_mask, data.test_mask, majority, val_loss),
+    }
+
+
 class SupervisedTrainer(ClientTrainer):
     """Adam on cross-entropy over the client's training nodes, full batch."""
 
@@ -99,20 +117,7 @@ class SupervisedTrainer(ClientTrainer):
         return self.metrics_from_logits(self.forward())
 
     def metrics_from_logits(self, logits: torch.Tensor) -> dict[str, float]:
-        """Val loss, train/val/test metric and the pooled counts of eval-mode logits [n, C]."""
-        data = self.data
-        val_loss = (
-            float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
-            if int(data.val_mask.sum()) else float("nan")
-        )
-        majority = int(torch.bincount(data.y[data.train_mask]).argmax())
-        return {
-            "val_loss": val_loss,
-            "train_metric": score(logits, data.y, data.train_mask, self.metric),
-            "val_metric": score(logits, data.y, data.val_mask, self.metric),
-            "test_metric": score(logits, data.y, data.test_mask, self.metric),
-            **pooled_counts(logits, data.y, data.val_mask, data.test_mask, majority, val_loss),
-        }
+        return evaluation_metrics(logits, self.data, self.metric)
 
     def upload(self) -> Arrays:
         return {
