@@ -259,6 +259,7 @@ def run_round(trainer, config: Config, payload: Arrays, server_round: int,
     (``state`` left empty: the caller serialises it when it must keep it)."""
     t0 = time.perf_counter()
     data = trainer.data
+    trainer.config = config  # this round's server-round etc.; a live trainer keeps its own
     trainer.load_payload(payload)
     # A per-(seed, client, round) stream: dropout masks differ across clients and rounds
     # but the whole run is reproducible.

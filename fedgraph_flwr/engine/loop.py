@@ -64,7 +64,6 @@ def run_federation(
                 if cid not in trainers:
                     trainers[cid] = rt.restore_trainer(clients[cid], fed.num_classes,
                                                        client_config, None, device)
-                trainers[cid].config = client_config  # this round's server-round etc.
                 out = rt.run_round(trainers[cid], client_config, payload, server_round, cid)
                 extra = {}
             metrics = {**out.metrics, **out.timings, "partition-id": cid, **extra}
