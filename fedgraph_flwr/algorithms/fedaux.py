@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.linalg import eigh
 
 from ..nn.fedaux_net import FedAuxNet
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
@@ -90,8 +91,6 @@ def apv_alignment(h: torch.Tensor, apv: torch.Tensor) -> float:
     h [N, d'], apv [d']. Only the top eigenpair is computed (LAPACK ``syevr`` with an
     index subset): a full ``eigh`` of the d'×d' covariance took ~20% of a Cora round.
     """
-    from scipy.linalg import eigh
-
     h = h.detach().double().cpu().numpy()
     centred = h - h.mean(axis=0, keepdims=True)
     cov = centred.T @ centred / max(h.shape[0], 1)  # [d', d']

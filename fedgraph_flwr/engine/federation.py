@@ -352,7 +352,7 @@ class Federation:
             return {}
         loss, rnd, t = best
         majority_count = t["test_count"] - t["minority_count"]
-        held = held_by_round[rnd] or {}
+        held = held_by_round[rnd]
         minority = [m["minority_metric"] for m in held.values()
                     if not math.isnan(m.get("minority_metric", float("nan")))]
         return {
