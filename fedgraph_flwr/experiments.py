@@ -196,6 +196,11 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
     extra = [c for c in (spec or {}).get("columns", []) if c not in FIXED_COLUMNS]
     rows = []
     cells = collect(out)
+    reported = {k for rs in cells.values() for r in rs for k in r["final"]}
+    unknown = [c for c in extra if reported and c not in reported]
+    if unknown:
+        raise ConfigError(f"columns: no run reports {unknown[0]!r} in results.json's final; "
+                          f"known: {', '.join(sorted(reported))}")
     for cell, results in sorted(cells.items()):
         figures = {key: [float(r["final"].get(key, float("nan"))) for r in results]
                    for key in (*FIXED_COLUMNS, *extra, paper_metric)}

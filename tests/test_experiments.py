@@ -75,6 +75,8 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ConfigError, match="paper-metric"):
         write_tables(out, dict(spec, **{"paper-metric": "best"}))
+    with pytest.raises(ConfigError, match="pooled_minorty_at_best_val_loss"):  # a typo
+        write_tables(out, dict(spec, columns=["pooled_minorty_at_best_val_loss"]))
 
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
