@@ -20,7 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.utils import scatter
+
+from .factor_graph import EdgeAggregate, EdgeDots, factor_graph
 
 LEAKY_SLOPE = 0.01  # the released code's LeakyReLU slope
 
@@ -49,8 +50,9 @@ class NeighbourhoodRouting(nn.Module):
     x [n, K·d_k], edge_index [2, m] (src → trg, symmetric, no self-loops needed)
     -> [n, K·d_k] whose K blocks are unit-norm. Per iteration, for every edge
     (v → u): p_vk = softmax_k(<z_v^k, c_u^k> / τ_p), then
-    c_u^k = normalise(z_u^k + Σ_v p_vk z_v^k). Vectorised over edges and
-    factors; the only Python loop is over the T iterations.
+    c_u^k = normalise(z_u^k + Σ_v p_vk z_v^k). Both edge sums are sparse CSR
+    kernels over all edges and factors (:mod:`fedgraph_flwr.nn.factor_graph`); the
+    only Python loop is over the T iterations.
     """
 
     def __init__(self, num_factors: int, iterations: int, tau: float = 1.0) -> None:
@@ -69,16 +71,18 @@ class NeighbourhoodRouting(nn.Module):
         k = self.num_factors
         if width % k:
             raise ValueError(f"width {width} is not divisible by {k} factors")
-        z = F.normalize(x.view(n, k, width // k), dim=-1)  # [n, K, d_k]
-        src, trg = edge_index[0], edge_index[1]
-        z_src = z[src]  # [m, K, d_k]: the neighbours' factor embeddings, fixed over iterations
+        # Row u·K+k of z/c is node u's factor-k embedding (see nn.factor_graph).
+        z = F.normalize(x.view(n, k, width // k), dim=-1).view(n * k, -1)  # [n·K, d_k]
+        if edge_index.numel() == 0:
+            return z.view(n, width)
+        graph = factor_graph(edge_index, n, k)
+        multiplicity = graph.count.to(z.dtype)[:, None]  # [m', 1]: duplicate edges count twice
         c = z
         for _ in range(self.iterations):
             # Which factor does neighbour v share with centre u? softmax over factors.
-            p = torch.softmax((z_src * c[trg]).sum(-1) / self.tau, dim=1)  # [m, K]
-            c = scatter(p.unsqueeze(-1) * z_src, trg, dim=0, dim_size=n, reduce="sum") + z
-            c = F.normalize(c, dim=-1)
-        return c.reshape(n, width)
+            p = torch.softmax(EdgeDots.apply(c, z, graph) / self.tau, dim=1)  # [m', K]
+            c = F.normalize(EdgeAggregate.apply(p * multiplicity, z, graph) + z, dim=-1)
+        return c.view(n, width)
 
     def extra_repr(self) -> str:
         return f"factors={self.num_factors}, iterations={self.iterations}, tau={self.tau}"
