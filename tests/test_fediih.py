@@ -195,6 +195,14 @@ def test_gaussian_js_zero_for_identical_and_symmetric():
     lv_a, lv_b = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
     assert np.allclose(gaussian_js(mu_a, lv_a, mu_a, lv_a), 0.0)
     js = gaussian_js(mu_a, lv_a, mu_b, lv_b)
+    # The closed form equals the definition: the two KLs to the moment-matched midpoint.
+    var_a, var_b = np.exp(lv_a), np.exp(lv_b)
+    mu_m, var_m = (mu_a + mu_b) / 2, (var_a + var_b) / 2
+
+    def kl(mu, var):
+        return 0.5 * (np.log(var_m / var) + (var + (mu - mu_m) ** 2) / var_m - 1).sum(-1)
+
+    assert np.allclose(js, 0.5 * (kl(mu_a, var_a) + kl(mu_b, var_b)), rtol=1e-12, atol=1e-12)
     assert js.shape == (4,) and (js > 0).all()
     assert np.allclose(js, gaussian_js(mu_b, lv_b, mu_a, lv_a))
     # Only the variance differs: still > 0 (the variances matter, not only the means).
