@@ -7,6 +7,7 @@ equal), and the algorithm's registered aggregator combines them. ``--features`` 
 ``--hidden`` set the model size; the table shows the resulting parameter count.
 
     python benchmarks/server_aggregation.py --clients 1000 --algorithms fedavg fedaux fediih
+    python benchmarks/server_aggregation.py --clients 1000 --algorithms fedaux fediih --mix-dtype float32
 
 Prints a table and one JSON line per algorithm (``{"benchmark": "server_aggregation", ...}``).
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def client_shapes(algorithm: str, features: int, classes: int, hidden: int):
+def client_shapes(algorithm: str, features: int, classes: int, hidden: int, mix_dtype: str):
     """(config, upload, signature) of one real client of ``algorithm``."""
     import torch
     from torch_geometric.data import Data
@@ -32,7 +33,7 @@ def client_shapes(algorithm: str, features: int, classes: int, hidden: int):
     from fedgraph_flwr.config import resolve_config
 
     config = dict(resolve_config(None, {"algorithm": algorithm, "hidden": hidden,
-                                        "dataset": "SBM"}))
+                                        "dataset": "SBM", "server-mix-dtype": mix_dtype}))
     n = 64
     gen = torch.Generator().manual_seed(0)
     edge_index = torch.randint(0, n, (2, 4 * n), generator=gen)
@@ -46,13 +47,13 @@ def client_shapes(algorithm: str, features: int, classes: int, hidden: int):
 
 
 def bench(algorithm: str, clients: int, features: int, classes: int, hidden: int,
-          repeats: int) -> dict:
+          repeats: int, mix_dtype: str = "float64") -> dict:
     import numpy as np
 
     from fedgraph_flwr.algorithms import get_algorithm
     from fedgraph_flwr.algorithms.base import ClientUpdate
 
-    config, upload, signature = client_shapes(algorithm, features, classes, hidden)
+    config, upload, signature = client_shapes(algorithm, features, classes, hidden, mix_dtype)
     rng = np.random.default_rng(0)
 
     def noisy(arrays):
@@ -71,7 +72,8 @@ def bench(algorithm: str, clients: int, features: int, classes: int, hidden: int
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return {"benchmark": "server_aggregation", "algorithm": algorithm, "clients": clients,
-            "params_per_client": params, "seconds_median": float(np.median(times)),
+            "params_per_client": params, "mix_dtype": mix_dtype,
+            "seconds_median": float(np.median(times)),
             "seconds_min": float(min(times)), "repeats": repeats,
             "peak_rss_rise_mb": peak - rss0}
 
@@ -84,9 +86,11 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mix-dtype", default="float64", choices=["float64", "float32"],
+                        help="server-mix-dtype of the personalized mixing")
     args = parser.parse_args()
-    rows = [bench(a, args.clients, args.features, args.classes, args.hidden, args.repeats)
-            for a in args.algorithms]
+    rows = [bench(a, args.clients, args.features, args.classes, args.hidden, args.repeats,
+                  args.mix_dtype) for a in args.algorithms]
     print(f"{'algorithm':<10} {'clients':>7} {'params':>9} {'s (median)':>10} {'peak MB':>8}")
     for r in rows:
         print(f"{r['algorithm']:<10} {r['clients']:>7} {r['params_per_client']:>9} "

@@ -37,6 +37,7 @@ def test_defaults_resolve():
         ({"rounds": "ten"}, "rounds='ten' is not a valid int"),
         ({"partition": "files"}, "partition=files needs partition-dir"),
         ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
+        ({"server-mix-dtype": "float16"}, "unknown server-mix-dtype 'float16'"),
     ],
 )
 def test_bad_input_is_one_line(overrides, fragment):

@@ -235,6 +235,16 @@ def test_aggregator_mixes_apv_and_theta_with_the_same_weights():
     assert not np.allclose(res.payloads[2]["apv"], res.payloads[9]["apv"])  # personalised
 
 
+def test_float32_mixing_matches_float64():
+    ups = _updates()
+    exact = FedAuxAggregator(make_config(), sorted(ups), {}).aggregate(1, ups)
+    fast = FedAuxAggregator(make_config(**{"server-mix-dtype": "float32"}), sorted(ups), {}).aggregate(1, ups)
+    for c in ups:
+        for name, value in exact.payloads[c].items():
+            assert fast.payloads[c][name].dtype == value.dtype
+            assert np.allclose(fast.payloads[c][name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_aggregator_average_mode_is_fedavg_mask():
     ups = _updates()
     res = FedAuxAggregator(make_config(**{"fedaux-server": "average"}), sorted(ups), {}).aggregate(1, ups)

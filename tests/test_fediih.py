@@ -274,6 +274,13 @@ def test_blockwise_mixing_uses_each_factors_own_weights():
     assert np.allclose(out["clf.bias"], np.mean([a["clf.bias"] for a in arrays], 0), atol=1e-6)
     direct = blockwise_mix(np.stack([a["pca.bias"].reshape(k, d) for a in arrays]), beta)
     assert np.allclose(direct[2].reshape(-1), res.payloads[2]["pca.bias"], atol=1e-6)
+    # server-mix-dtype=float32: the same payloads to float32 precision.
+    fast = FedIIHAggregator({"fediih-tau": 2.0, "server-mix-dtype": "float32"}, list(range(m)),
+                            arrays[0]).aggregate(1, updates)
+    for c in range(m):
+        for name, value in res.payloads[c].items():
+            assert fast.payloads[c][name].dtype == value.dtype
+            assert np.allclose(fast.payloads[c][name], value, rtol=1e-5, atol=1e-6)
 
 
 # --- trainer --------------------------------------------------------------------------------

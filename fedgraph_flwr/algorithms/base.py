@@ -118,6 +118,11 @@ class Aggregator(ABC):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Combine this round's updates (keyed by logical client id)."""
 
+    @property
+    def mix_dtype(self) -> np.dtype:
+        """dtype of personalized mixing (``server-mix-dtype``); weights are float64 either way."""
+        return np.dtype(str(self.config.get("server-mix-dtype", "float64")))
+
     def state_dict(self) -> dict[str, Any]:
         """Server-side state beyond the payloads, for checkpoint/resume."""
         return {}

@@ -285,14 +285,14 @@ def similarity_weights(similarity: np.ndarray, tau: float) -> np.ndarray:
     return w / w.sum(-1, keepdims=True)
 
 
-def blockwise_mix(blocks: np.ndarray, beta: np.ndarray) -> np.ndarray:
+def blockwise_mix(blocks: np.ndarray, beta: np.ndarray, dtype: np.dtype = np.float64) -> np.ndarray:
     """Personalised per-factor average: out[m, k] = Σ_j β[k, m, j] · blocks[j, k].
 
-    blocks [M, K, ...] (client j's factor-k block), beta [K, M, M] -> [M, K, ...].
-    One [M, M] @ [M, block size] matrix product per factor (BLAS).
+    blocks [M, K, ...] (client j's factor-k block), beta [K, M, M] -> [M, K, ...] in
+    ``dtype``. One [M, M] @ [M, block size] matrix product per factor (BLAS).
     """
-    beta = np.asarray(beta, np.float64)
-    blocks = np.asarray(blocks, np.float64)
+    beta = np.asarray(beta, dtype)
+    blocks = np.asarray(blocks, dtype)
     num_clients, num_factors = blocks.shape[:2]
     out = np.empty_like(blocks)
     for k in range(num_factors):
@@ -315,18 +315,18 @@ class FedIIHAggregator(Aggregator):
         alpha = global_factor_means(mu).astype(np.float32)
 
         def stacked(name: str) -> np.ndarray:
-            return np.stack([updates[c].arrays[name] for c in ids]).astype(np.float64)
+            return np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype)
 
         dtype = {name: updates[ids[0]].arrays[name].dtype for name in updates[ids[0]].arrays}
         pca_w, pca_b, clf_w, clf_b = (stacked(name) for name in MODEL_KEYS)
         num_out = clf_w.shape[1]
         # Factor block k: rows k·d_k:(k+1)·d_k of pca.weight/bias, columns of clf.weight.
-        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), beta)
-        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), beta)
+        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), beta, self.mix_dtype)
+        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), beta, self.mix_dtype)
         clf_w_blocks = clf_w.reshape(num_clients, num_out, num_factors, d_k).transpose(0, 2, 1, 3)
-        clf_w_mix = blockwise_mix(clf_w_blocks, beta).transpose(0, 2, 1, 3)
+        clf_w_mix = blockwise_mix(clf_w_blocks, beta, self.mix_dtype).transpose(0, 2, 1, 3)
         if num_factors == 1:  # K = 1: the whole model is similarity-weighted
-            clf_b_mix = beta[0] @ clf_b
+            clf_b_mix = beta[0].astype(self.mix_dtype) @ clf_b
         else:
             clf_b_mix = np.broadcast_to(clf_b.mean(0), clf_b.shape)
         others = [name for name in updates[ids[0]].arrays if name not in MODEL_KEYS]
