@@ -148,8 +148,8 @@ class FedAuxAggregator(Aggregator):
                 for c in ids:
                     payloads[c][name] = updates[c].arrays[name]
                 continue
-            stacked = np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype)
-            mixed = personalized_mix(weights.astype(self.mix_dtype), stacked).astype(first.dtype)
+            stacked = np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype, copy=False)
+            mixed = personalized_mix(weights.astype(self.mix_dtype), stacked).astype(first.dtype, copy=False)
             for row, c in enumerate(ids):
                 payloads[c][name] = mixed[row]
         off_diagonal = similarity[~np.eye(len(ids), dtype=bool)]

@@ -315,7 +315,7 @@ class FedIIHAggregator(Aggregator):
         alpha = global_factor_means(mu).astype(np.float32)
 
         def stacked(name: str) -> np.ndarray:
-            return np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype)
+            return np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype, copy=False)
 
         dtype = {name: updates[ids[0]].arrays[name].dtype for name in updates[ids[0]].arrays}
         pca_w, pca_b, clf_w, clf_b = (stacked(name) for name in MODEL_KEYS)
@@ -335,9 +335,9 @@ class FedIIHAggregator(Aggregator):
         payloads: dict[int, Arrays] = {}
         for m, c in enumerate(ids):
             payloads[c] = {
-                "pca.weight": pca_w_mix[m].reshape(num_factors * d_k, -1).astype(dtype["pca.weight"]),
-                "pca.bias": pca_b_mix[m].reshape(-1).astype(dtype["pca.bias"]),
-                "clf.weight": clf_w_mix[m].reshape(num_out, -1).astype(dtype["clf.weight"]),
+                "pca.weight": pca_w_mix[m].reshape(num_factors * d_k, -1).astype(dtype["pca.weight"], copy=False),
+                "pca.bias": pca_b_mix[m].reshape(-1).astype(dtype["pca.bias"], copy=False),
+                "clf.weight": clf_w_mix[m].reshape(num_out, -1).astype(dtype["clf.weight"], copy=False),
                 "clf.bias": np.array(clf_b_mix[m], dtype=dtype["clf.bias"]),
                 **other_means,
                 PRIOR_KEY: alpha,
