@@ -101,6 +101,25 @@ def test_factor_graph_kernels_pass_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: EdgeAggregate.apply(a, b, graph), (w, z))
 
 
+def test_factor_graph_cache_follows_the_edge_index_lifetime():
+    import gc
+
+    from fedgraph_flwr.nn import factor_graph as fg
+
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    first = fg.factor_graph(edge_index, 3, 2)
+    assert fg.factor_graph(edge_index, 3, 2) is first  # reused by every layer
+    before = fg.factor_graph(edge_index, 3, 4)
+    assert before is not first  # another K: rebuilt
+    edge_index[0, 0] = 2  # edited in place (edge 0→1 becomes 2→1): the version changes
+    rebuilt = fg.factor_graph(edge_index, 3, 4)
+    assert rebuilt is not before and not torch.equal(rebuilt.col, before.col)
+    key = id(edge_index)
+    del edge_index
+    gc.collect()
+    assert key not in fg._CACHE
+
+
 def test_routing_forward_and_gradient_match_gather_form_with_duplicate_edges():
     torch.manual_seed(2)
     n, k, d = 30, 3, 5

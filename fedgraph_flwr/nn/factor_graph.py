@@ -18,6 +18,7 @@ order, so results are deterministic on CPU.
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -97,21 +98,22 @@ def build_factor_graph(edge_index: torch.Tensor, num_nodes: int, num_factors: in
                        crow, col, t_order, t_crow, t_col)
 
 
-# One graph per (edge_index tensor, n, K): every routing layer of a model reuses it.
-# Entries hold the edge_index itself, so an identity hit cannot be a recycled id.
-_CACHE: list[tuple[torch.Tensor, int, int, int, FactorGraph]] = []
-_CACHE_SIZE = 8
+# One graph per live edge_index tensor (every routing layer of a model reuses it). An
+# entry is dropped when its edge_index is freed, so memory follows the clients' data,
+# and an id can never be reused while its entry exists.
+_CACHE: dict[int, tuple[int, int, int, FactorGraph]] = {}
 
 
 def factor_graph(edge_index: torch.Tensor, num_nodes: int, num_factors: int) -> FactorGraph:
     """``build_factor_graph``, cached on the identity and version of ``edge_index``."""
-    for cached, version, n, k, graph in _CACHE:
-        if (cached is edge_index and version == edge_index._version
-                and n == num_nodes and k == num_factors):
-            return graph
+    key = id(edge_index)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[:3] == (edge_index._version, num_nodes, num_factors):
+        return hit[3]
     graph = build_factor_graph(edge_index, num_nodes, num_factors)
-    _CACHE.insert(0, (edge_index, edge_index._version, num_nodes, num_factors, graph))
-    del _CACHE[_CACHE_SIZE:]
+    if hit is None:
+        weakref.finalize(edge_index, _CACHE.pop, key, None)
+    _CACHE[key] = (edge_index._version, num_nodes, num_factors, graph)
     return graph
 
 
