@@ -155,9 +155,15 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     A cell is ``algorithm|dataset|partition|num-clients``; where runs of one such cell
     differ in other run-config keys (an ablation switch such as ``fedaux-variant``), each
     of those keys is appended as ``|key=value`` so ablations never merge with the main
-    method's seeds.
+    method's seeds. A key a run's results.json lacks (written before the key existed)
+    counts as its default.
     """
+    from .config import all_defaults
+
+    defaults = all_defaults()
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))]
+    for res in results:
+        res["config"] = {**defaults, **res["config"]}
     base: dict[str, list[dict[str, Any]]] = {}
     for res in results:
         base.setdefault("|".join(str(res["config"][k]) for k in CELL_KEYS), []).append(res)

@@ -78,6 +78,16 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     with pytest.raises(ConfigError, match="pooled_minorty_at_best_val_loss"):  # a typo
         write_tables(out, dict(spec, columns=["pooled_minorty_at_best_val_loss"]))
 
+    # A results.json written before a config key existed groups with runs that have the
+    # key at its default, instead of splitting the cell.
+    old_run = results[0]
+    path = out / old_run["config"]["run-name"] / "results.json"
+    del old_run["config"]["server-mix-dtype"]
+    path.write_text(json.dumps(old_run))
+    _, path_csv = write_tables(out, spec)
+    rows = {r["cell"]: r for r in csv.DictReader(path_csv.open())}
+    assert rows["fedavg|SBM|metis|2"]["seeds"] == "0,1"
+
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
