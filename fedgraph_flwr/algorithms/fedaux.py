@@ -143,13 +143,14 @@ class FedAuxAggregator(Aggregator):
             raise ValueError(f"unknown fedaux-server {mode!r}; valid: {', '.join(SERVER_MODES)}")
 
         payloads: dict[int, Arrays] = {c: {} for c in ids}
+        mix_weights = weights.astype(self.mix_dtype)
         for name, first in updates[ids[0]].arrays.items():
             if not np.issubdtype(first.dtype, np.floating):  # counters etc.: keep each client's own
                 for c in ids:
                     payloads[c][name] = updates[c].arrays[name]
                 continue
             stacked = np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype, copy=False)
-            mixed = personalized_mix(weights.astype(self.mix_dtype), stacked).astype(first.dtype, copy=False)
+            mixed = personalized_mix(mix_weights, stacked).astype(first.dtype, copy=False)
             for row, c in enumerate(ids):
                 payloads[c][name] = mixed[row]
         off_diagonal = similarity[~np.eye(len(ids), dtype=bool)]

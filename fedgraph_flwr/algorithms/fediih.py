@@ -321,12 +321,13 @@ class FedIIHAggregator(Aggregator):
         pca_w, pca_b, clf_w, clf_b = (stacked(name) for name in MODEL_KEYS)
         num_out = clf_w.shape[1]
         # Factor block k: rows k·d_k:(k+1)·d_k of pca.weight/bias, columns of clf.weight.
-        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), beta, self.mix_dtype)
-        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), beta, self.mix_dtype)
+        mix_beta = beta.astype(self.mix_dtype)
+        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), mix_beta, self.mix_dtype)
+        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), mix_beta, self.mix_dtype)
         clf_w_blocks = clf_w.reshape(num_clients, num_out, num_factors, d_k).transpose(0, 2, 1, 3)
-        clf_w_mix = blockwise_mix(clf_w_blocks, beta, self.mix_dtype).transpose(0, 2, 1, 3)
+        clf_w_mix = blockwise_mix(clf_w_blocks, mix_beta, self.mix_dtype).transpose(0, 2, 1, 3)
         if num_factors == 1:  # K = 1: the whole model is similarity-weighted
-            clf_b_mix = beta[0].astype(self.mix_dtype) @ clf_b
+            clf_b_mix = mix_beta[0] @ clf_b
         else:
             clf_b_mix = np.broadcast_to(clf_b.mean(0), clf_b.shape)
         others = [name for name in updates[ids[0]].arrays if name not in MODEL_KEYS]

@@ -54,9 +54,10 @@ class FactorGraph:
     def csr(self, flat_values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
         """The [n·K, n·K] CSR matrix with ``flat_values`` [m'·K] at the entries."""
         if transpose:
-            crow, col, values = self.t_crow, self.t_col, flat_values[self.t_order]
-        else:
-            crow, col, values = self.crow, self.col, flat_values[self.order]
+            return self._compressed(self.t_crow, self.t_col, flat_values[self.t_order])
+        return self._compressed(self.crow, self.col, flat_values[self.order])
+
+    def _compressed(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         with warnings.catch_warnings():  # "sparse CSR support is in beta state"
             warnings.simplefilter("ignore", UserWarning)
             return torch.sparse_csr_tensor(crow, col, values, (self.num_rows, self.num_rows),
@@ -64,7 +65,8 @@ class FactorGraph:
 
     def dots(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """[m', K]: entry (e, k) = <rows[u·K+k], cols[v·K+k]> for edge e = (v → u)."""
-        pattern = self.csr(rows.new_ones(self.num_edges * self.num_factors))
+        # The sparsity pattern only: all-ones values need no reordering into CSR order.
+        pattern = self._compressed(self.crow, self.col, rows.new_ones(self.col.numel()))
         values = torch.sparse.sampled_addmm(pattern, rows, cols.T, beta=0.0).values()
         return values[self.inv_order].view(self.num_edges, self.num_factors)
 
