@@ -56,8 +56,10 @@ GEN_NODE_TLS = f"{GENERATED}/node-tls"
 GEN_FLWR_HOME = f"{GENERATED}/flwr-home"  # the host's flwr CLI -> 127.0.0.1:SUPERLINK_PORT
 GEN_FLWR_HOME_COMPOSE = f"{GENERATED}/flwr-home-compose"  # the register service -> superlink
 
-# Environment every executor gets: a tighter task poll than Flower's 1 s default
-# (a round on a small graph takes well under a second of compute).
+# A ClientApp executor polls its own SuperNode (same host) for tasks: a tighter poll than
+# Flower's 1 s default, since a round on a small graph takes well under a second of
+# compute. The ServerApp executor keeps the default: it polls the SuperLink, where every
+# poll is a database transaction, and it launches one task per run, not per round.
 EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
@@ -92,8 +94,15 @@ def superlink_cmd(ca: str, cert: str, key: str, host: str = "0.0.0.0",
 
 
 def executor_cmd(ca: str, runtime_address: str) -> list[str]:
-    """``flower-superexec``: runs the ServerApp/ClientApp processes for a SuperLink/SuperNode."""
+    """``flower-superexec``: runs the ServerApp processes for the SuperLink."""
     return ["flower-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
+
+
+def clientapp_executor_cmd(ca: str, runtime_address: str) -> list[str]:
+    """``fedgraph-superexec``: ``flower-superexec`` whose per-message ClientApp processes
+    fork from a parent that has imported torch/PyG once (fedgraph_flwr/engine/forking_superexec.py).
+    ``flower-superexec`` with the same flags works too, seconds slower per round."""
+    return ["fedgraph-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
 
 
 def node_config(partition_file: str, partition_id: int | None = None) -> str:
@@ -108,9 +117,11 @@ def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
                   runtime_cert: str, runtime_key: str, runtime_ca: str,
                   runtime_port: int = SUPERNODE_RUNTIME_PORT,
                   partition_id: int | None = None) -> list[str]:
-    """``flower-supernode``: TLS to the SuperLink, auth key, its partition, local Runtime API."""
+    """``fedgraph-supernode`` (``flower-supernode`` with its 3 s idle poll capped, see
+    fedgraph_flwr/engine/fast_poll_supernode.py): TLS to the SuperLink, auth key, its
+    partition, local Runtime API. ``flower-supernode`` takes the same flags."""
     return [
-        "flower-supernode",
+        "fedgraph-supernode",
         "--superlink", superlink,
         "--root-certificates", ca,
         "--auth-supernode-private-key", auth_key,
@@ -174,15 +185,14 @@ def readme_commands() -> dict[str, str]:
         "keys": shell(make_keys_cmd("keys", ["supernode-0"])),
         "superlink": shell(superlink_cmd("tls/ca.crt", f"tls/{TLS_CERT_NAME}.pem",
                                          f"tls/{TLS_CERT_NAME}.key", database="state/superlink.db")),
-        "serverapp-executor": shell(executor_cmd("tls/ca.crt", f"127.0.0.1:{SUPERLINK_PORT}"),
-                                    EXECUTOR_ENV),
+        "serverapp-executor": shell(executor_cmd("tls/ca.crt", f"127.0.0.1:{SUPERLINK_PORT}")),
         "register": shell(register_cmd("keys/supernode-0.pub")),
         "runtime-tls": shell(make_tls_cmd("node-tls", RUNTIME_CERT_NAME, [])),
         "supernode": shell(supernode_cmd(
             addr, "ca.crt", "keys/supernode-0", "/srv/fedgraph/client_0.npz",
             f"node-tls/{RUNTIME_CERT_NAME}.pem", f"node-tls/{RUNTIME_CERT_NAME}.key",
             "node-tls/ca.crt")),
-        "clientapp-executor": shell(executor_cmd("node-tls/ca.crt",
+        "clientapp-executor": shell(clientapp_executor_cmd("node-tls/ca.crt",
                                                  f"127.0.0.1:{SUPERNODE_RUNTIME_PORT}"),
                                     EXECUTOR_ENV),
         "connection": connection_toml(addr, README_CA_PATH),

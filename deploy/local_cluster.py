@@ -76,6 +76,9 @@ class LocalDeployment:
         self.runtime_ports: dict[str, int] = {}
         self.port = 0
         self.address = ""
+        # The data owners share this one machine: split its cores between their
+        # ClientApps (on their own machines each would use all of its cores).
+        self.clientapp_env: dict[str, str] = {}
 
     # --- processes --------------------------------------------------------------------
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -182,8 +185,7 @@ class LocalDeployment:
             str(self.tls / f"{L.TLS_CERT_NAME}.key"), host="127.0.0.1", port=self.port,
             database=str(self.workdir / "superlink.db")))
         self.wait_for_log("superlink", r"Uvicorn running on https://", 60)
-        self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address),
-                   env=L.EXECUTOR_ENV)
+        self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address))
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         (self.flwr_home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n\n'
@@ -202,12 +204,14 @@ class LocalDeployment:
             str(self.node_tls / f"{L.RUNTIME_CERT_NAME}.key"), str(self.node_tls / "ca.crt"),
             runtime_port=port, partition_id=partition_id))
         if executor is not None:
-            self.start(executor, L.executor_cmd(str(self.node_tls / "ca.crt"), f"127.0.0.1:{port}"),
-                       env=L.EXECUTOR_ENV)
+            self.start(executor, L.clientapp_executor_cmd(str(self.node_tls / "ca.crt"), f"127.0.0.1:{port}"),
+                       env={**L.EXECUTOR_ENV, **self.clientapp_env})
 
     def up(self, partition_files: list[Path]) -> None:
         """Everything for clients ``0..len(partition_files)-1``, keys registered, nodes online."""
         names = [L.supernode_name(i) for i in range(len(partition_files))]
+        threads = max(1, (os.cpu_count() or 1) // len(partition_files))
+        self.clientapp_env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.make_tls()
         self.make_keys(names)
         self.start_superlink()

@@ -62,11 +62,11 @@ def _parser(program: str):
         from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
 
         return _parse_args_run_superlink()
-    if program == "flower-supernode":
+    if program in ("flower-supernode", "fedgraph-supernode"):  # the latter takes the same flags
         from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 
         return _parse_args_run_supernode()
-    if program == "flower-superexec":
+    if program in ("flower-superexec", "fedgraph-superexec"):  # the latter takes the same flags
         from flwr.supercore.cli.flower_superexec import _parse_args
 
         return _parse_args()
@@ -107,8 +107,10 @@ def test_process_layout(services):
     assert set(services) == expected
     programs = {name: s["command"][0] for name, s in services.items()}
     assert programs["superlink"] == "flower-superlink"
-    assert sum(p == "flower-supernode" for p in programs.values()) == N
-    assert sum(p == "flower-superexec" for p in programs.values()) == 1 + 2 * N
+    assert sum(p == "fedgraph-supernode" for p in programs.values()) == N  # flower-supernode, polls capped
+    assert programs[L.SERVERAPP_EXECUTOR] == "flower-superexec"
+    # ClientApp executors: Flower's SuperExec with the pre-imported fork server.
+    assert sum(p == "fedgraph-superexec" for p in programs.values()) == 2 * N
     # Every program is a console script of the installed flwr (the image installs the same pin).
     from importlib.metadata import entry_points
 
@@ -265,13 +267,14 @@ def test_compose_mirrors_the_loopback_deployment(services):
         "superlink": L.superlink_cmd("c", "s", "k", database="d"),
         L.SERVERAPP_EXECUTOR: L.executor_cmd("c", "a:1"),
         L.supernode_name(0): L.supernode_cmd("a:1", "c", "k", "f", "p", "q", "r"),
-        L.clientapp_executor_name(0): L.executor_cmd("c", "a:1"),
+        L.clientapp_executor_name(0): L.clientapp_executor_cmd("c", "a:1"),
     }
     for name, cmd in ref.items():
         assert services[name]["command"][0] == cmd[0]
         assert flags(services[name]["command"]) == flags(cmd), name
     source = (DEPLOY / "local_cluster.py").read_text()
-    for fn in ("superlink_cmd", "executor_cmd", "supernode_cmd", "register_cmd", "run_cmd"):
+    for fn in ("superlink_cmd", "executor_cmd", "clientapp_executor_cmd", "supernode_cmd",
+               "register_cmd", "run_cmd"):
         assert f"L.{fn}(" in source, f"local_cluster.py no longer uses layout.{fn}"
 
 

@@ -89,7 +89,6 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
         **_image(False),
         "command": L.executor_cmd(ca, f"127.0.0.1:{L.SUPERLINK_PORT}"),
         "network_mode": "service:superlink",
-        "environment": dict(L.EXECUTOR_ENV),
         "volumes": [_ro(f"{L.GEN_TLS}/ca.crt", ca), f"./{L.GEN_OUTPUTS}:{L.CONTAINER_OUTPUTS}"],
         "depends_on": ["superlink"],
         "restart": "unless-stopped",
@@ -135,8 +134,8 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
             executor = {
                 **_image(gpu, build=gpu and i == 0),
                 "profiles": ["gpu" if gpu else "cpu"],
-                "command": L.executor_cmd(str(node_tls / "ca.crt"),
-                                          f"127.0.0.1:{L.SUPERNODE_RUNTIME_PORT}"),
+                "command": L.clientapp_executor_cmd(str(node_tls / "ca.crt"),
+                                                    f"127.0.0.1:{L.SUPERNODE_RUNTIME_PORT}"),
                 "network_mode": f"service:{name}",
                 "environment": dict(L.EXECUTOR_ENV),
                 "volumes": [_ro(f"{L.GEN_NODE_TLS}/ca.crt", node_tls / "ca.crt"), partition_mount],

@@ -1,0 +1,81 @@
+"""``fedgraph-supernode``: ``flower-supernode`` that waits less between its polls.
+
+Flower 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) sleeps 3 s
+whenever the SuperLink has no message for it, and 0.5 s between checks for its
+ClientApp's reply. In a federated round every SuperNode that replied before the
+slowest one has gone back to its 3 s sleep by the time the server sends the next
+round, so a round can never take less than about 3 s, however small the training.
+And a message's metadata reaches the SuperNode while the ServerApp is still uploading
+its objects (the model): the SuperNode's first object pull then fails and it backs off
+Flower's 1 s, then 2 s, ... before it retries.
+
+This command is Flower's own ``flower-supernode`` (same flags, same protocol, same
+code) with those three waits capped at ``--poll-interval`` seconds (default 0.2) and
+the object-pull backoff starting at that interval (capped at 1 s instead of 10 s).
+Nothing else changes. The cost is more requests to the SuperLink while idle (one per
+node per interval, each a small Fleet API call), which is why it is a flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from collections.abc import Sequence
+
+DEFAULT_POLL_INTERVAL = 0.2
+#: The module whose ``time.sleep`` calls are the SuperNode's poll waits.
+SUPERNODE_LOOP_MODULE = "flwr.supernode.start_client_internal"
+
+
+class CappedSleepTime:
+    """Stands in for the ``time`` module inside the SuperNode loop module:
+    ``sleep(s)`` sleeps ``min(s, cap)``; every other attribute is ``time``'s."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.cap))
+
+
+def cap_supernode_polls(cap: float) -> None:
+    """Install :class:`CappedSleepTime` into Flower's SuperNode loop module."""
+    loop = importlib.import_module(SUPERNODE_LOOP_MODULE)
+    current = getattr(loop, "time", None)
+    if current is not time and not isinstance(current, CappedSleepTime):
+        raise SystemExit(f"{SUPERNODE_LOOP_MODULE} no longer uses the time module; "
+                         "this flwr is not the one pyproject pins (use flower-supernode)")
+    loop.time = CappedSleepTime(cap)
+    from flwr.supercore.inflatable import inflatable_utils
+
+    # The loop calls pull_objects() without backoff arguments: its defaults apply.
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    defaults["initial_backoff"], defaults["backoff_cap"] = cap, max(cap, 1.0)
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not 0.01 <= value <= 3.0:
+        raise argparse.ArgumentTypeError(f"--poll-interval must be in [0.01, 3] s, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``fedgraph-supernode [--poll-interval S] <flower-supernode flags>``."""
+    ours = argparse.ArgumentParser(prog="fedgraph-supernode", add_help=False)
+    ours.add_argument("--poll-interval", type=_interval, default=DEFAULT_POLL_INTERVAL,
+                      help="longest wait between polls, seconds (Flower: 3 idle, 0.5 for replies)")
+    args, rest = ours.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    cap_supernode_polls(args.poll_interval)
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+    sys.argv = ["fedgraph-supernode", *rest]
+    cli.flower_supernode()
+
+
+if __name__ == "__main__":
+    main()

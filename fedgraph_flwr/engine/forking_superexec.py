@@ -1,0 +1,195 @@
+"""``fedgraph-superexec``: Flower's SuperExec with a pre-imported fork server for ClientApps.
+
+Flower 1.41's SuperExec runs every message's ClientApp as a fresh ``flwr-clientapp``
+process (``SubprocessExecutor``). That process imports torch, PyG and this package
+before it trains for milliseconds on a small subgraph, so a deployed round costs
+seconds of imports per client. This command is ``flower-superexec`` (same flags,
+same poll loop, same Runtime API protocol) whose executor imports those modules
+once and then ``fork()``s one child per ClientApp task. The child runs Flower's own
+``run_clientapp`` with the task's token, exactly as ``flwr-clientapp`` would: a
+process per message still, each with its own memory, so a crash or leak in one
+ClientApp cannot touch the next; only the import cost is shared (copy-on-write).
+
+Other task types (ServerApp, simulation) are launched as Flower does, by
+subprocess. The fork start method needs POSIX; elsewhere use ``flower-superexec``.
+
+Fork safety: the parent only imports (no torch op runs, CUDA is never initialised,
+so its thread pools and the GPU context are created in each child). The child drops
+the exit handlers it inherited (they close the parent's Runtime API connection) and
+re-creates the telemetry lock a parent thread might have held at fork time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+import threading
+from collections.abc import Sequence
+from logging import ERROR, INFO
+
+from flwr.supercore import log
+from flwr.supercore.constant import TaskType
+from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.tls import validate_and_resolve_root_certificates
+from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+#: What the fork server imports before serving: the heavy part of a ClientApp's start.
+#: ``pkg.*`` is every module of package ``pkg``: all ClientApp code then comes from the
+#: installed package, none from the FAB's copy (a namespace package would mix the two).
+DEFAULT_PRELOAD = ("torch", "torch_geometric", "fedgraph_flwr.engine.client_app",
+                   "fedgraph_flwr.algorithms.*", "fedgraph_flwr.data.*", "fedgraph_flwr.nn.*")
+
+
+class ForkingClientAppExecutor(SubprocessExecutor):
+    """A SuperExec executor that forks a pre-imported parent for each ClientApp task.
+
+    ``launch(spec)`` for ``TaskType.CLIENT_APP``: fork; the child calls
+    ``flwr.supernode.runtime.run_clientapp.run_clientapp`` with the spec's address,
+    token and TLS root certificate and ends with its exit code. Every other task type
+    goes to :class:`SubprocessExecutor`. ``reconcile()`` (called by SuperExec's loop
+    between polls) reaps finished children; ``close()`` waits for none of them (they
+    outlive a stopped SuperExec just as Flower's subprocesses do).
+    """
+
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+
+    def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        if spec.task_type != TaskType.CLIENT_APP:
+            return super().launch(spec)
+        try:
+            pid = os.fork()
+        except OSError as err:
+            return LaunchResult.failed(f"fork() failed: {err}")
+        if pid == 0:  # child: never returns
+            _run_clientapp_in_child(spec)
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        for pid in list(self.children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                self.children.discard(pid)
+                continue
+            if done:
+                self.children.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code != 0:
+                    log(ERROR, "ClientApp process %d exited with code %d", pid, code)
+
+
+def _run_clientapp_in_child(spec: ExecutionSpec) -> None:
+    code = 1
+    try:
+        _reset_inherited_state()
+        _poll_local_objects_faster()
+        if spec.suppress_output:  # as SubprocessExecutor's stdout/stderr=DEVNULL
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(
+                spec.root_certificates_path, spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+        code = 0
+    except SystemExit as done:  # run_clientapp ends with flwr_exit -> sys.exit
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException as err:  # noqa: BLE001 -- report, then leave the child
+        log(ERROR, "ClientApp process failed before Flower could report it: %r", err)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # never run the parent's atexit hooks or finally blocks
+
+
+def _reset_inherited_state() -> None:
+    """Forget what belongs to the SuperExec parent (see the module docstring)."""
+    from flwr.supercore import telemetry
+    from flwr.supercore.exit import exit_handler
+
+    exit_handler.registered_exit_handlers.clear()
+    exit_handler._lock_handlers = threading.Lock()  # noqa: SLF001
+    telemetry.state_lock = threading.Lock()
+
+
+#: First retry delay and cap (s) when the ClientApp asks its SuperNode for a message
+#: object the SuperNode is still fetching from the SuperLink (Flower: 1 s and 10 s).
+CHILD_PULL_BACKOFF = (0.02, 0.5)
+
+
+def _poll_local_objects_faster() -> None:
+    """Flower creates the ClientApp task before the SuperNode has pulled the message's
+    objects from the SuperLink. A ``flwr-clientapp`` that took seconds to import never
+    noticed; a forked one asks within milliseconds, is told "unavailable" and would then
+    sleep Flower's 1 s initial backoff. The objects come from the SuperNode on the same
+    host, so this child retries sooner (only this per-message process is affected)."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    defaults = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__
+    defaults["initial_backoff"], defaults["backoff_cap"] = CHILD_PULL_BACKOFF
+
+
+def preload(modules: Sequence[str]) -> list[str]:
+    """Import ``modules`` (``pkg.*``: every module of ``pkg``) into the fork server and
+    return the names imported; a missing one is an error, not a slow run."""
+    names: list[str] = []
+    for name in modules:
+        try:
+            if name.endswith(".*"):
+                package = importlib.import_module(name[:-2])
+                names.append(package.__name__)
+                for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+                    importlib.import_module(info.name)
+                    names.append(info.name)
+            else:
+                importlib.import_module(name)
+                names.append(name)
+        except ImportError as err:
+            raise SystemExit(f"fedgraph-superexec: cannot preload {name!r}: {err}") from err
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``fedgraph-superexec [--preload MOD ...] <flower-superexec flags>``."""
+    if not hasattr(os, "fork"):
+        raise SystemExit("fedgraph-superexec needs fork() (POSIX); use flower-superexec here.")
+    ours = argparse.ArgumentParser(
+        prog="fedgraph-superexec", add_help=False,
+        description="flower-superexec whose ClientApp processes fork from a pre-imported parent.")
+    ours.add_argument("--preload", action="append", metavar="MODULE",
+                      help=f"module to import before serving (repeatable; default: "
+                           f"{' '.join(DEFAULT_PRELOAD)})")
+    args, rest = ours.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if "--executor" in rest or any(a.startswith("--executor=") for a in rest):
+        raise SystemExit("fedgraph-superexec brings its own executor; drop --executor "
+                         "(or use flower-superexec for the kubernetes one).")
+    if "-h" not in rest and "--help" not in rest and "-V" not in rest and "--version" not in rest:
+        names = preload(args.preload or DEFAULT_PRELOAD)
+        log(INFO, "fedgraph-superexec: preloaded %d modules (%s); ClientApps fork from pid %d",
+            len(names), " ".join(args.preload or DEFAULT_PRELOAD), os.getpid())
+
+    # The modules, not the same-named functions their packages re-export.
+    cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    loop = importlib.import_module("flwr.supercore.superexec.run_superexec")
+
+    executor = ForkingClientAppExecutor()
+    if not hasattr(loop, "get_executor"):  # pragma: no cover -- a Flower we did not pin
+        raise SystemExit("this flwr has no run_superexec.get_executor; pin flwr as pyproject does")
+    loop.get_executor = lambda *a, **k: executor  # the one seam SuperExec offers
+    sys.argv = ["fedgraph-superexec", *rest]
+    cli.flower_superexec()
+
+
+if __name__ == "__main__":
+    main()

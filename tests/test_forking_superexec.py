@@ -1,0 +1,121 @@
+"""fedgraph-superexec's fork server, without a SuperNode (tests/test_deploy.py runs it
+for real: every ClientApp of that deployment is one of its forked children).
+
+What is checked here is the part Flower does not do for us: the child gets the task's
+token and address, leaves with run_clientapp's exit code, never runs the exit handlers
+it inherited from the SuperExec parent, and the parent reaps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.exit import exit_handler
+from flwr.supercore.superexec.executor import ExecutionSpec
+
+from fedgraph_flwr.engine import forking_superexec as fse
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX-only")
+
+
+def _spec(token: str, task_type: TaskType = TaskType.CLIENT_APP) -> ExecutionSpec:
+    return ExecutionSpec(task_type=task_type, runtime_api_address="127.0.0.1:9094",
+                         token=token, insecure=True, root_certificates_path=None,
+                         runtime_dependency_install=False, parent_pid=None,
+                         suppress_output=False, task_id=7)
+
+
+def _reap(executor: fse.ForkingClientAppExecutor, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while executor.children and time.time() < deadline:
+        executor.reconcile()
+        time.sleep(0.02)
+    assert not executor.children, "forked ClientApp processes were not reaped"
+
+
+def test_child_runs_the_task_with_its_token_and_exits_with_its_code(tmp_path, monkeypatch):
+    parent_marker = tmp_path / "parent-handler-ran"
+
+    def fake_run_clientapp(**kwargs):
+        # What flwr_exit does at the end of a real run: trigger the registered handlers.
+        exit_handler.trigger_exit_handlers(run_before_force_exit=False)
+        (tmp_path / f"{kwargs['token']}.json").write_text(json.dumps(
+            {**kwargs, "pid": os.getpid()}))
+        raise SystemExit(int(kwargs["token"].split("-")[1]))
+
+    monkeypatch.setattr(fse, "run_clientapp", fake_run_clientapp)
+    # The SuperExec parent's own handler (it closes the parent's Runtime API client).
+    exit_handler.add_exit_handler(lambda: parent_marker.write_text("ran"))
+    try:
+        executor = fse.ForkingClientAppExecutor()
+        assert executor.launch(_spec("task-0")).status == "accepted"
+        assert executor.launch(_spec("task-3")).status == "accepted"
+        assert len(executor.children) == 2
+        _reap(executor)
+    finally:
+        exit_handler.registered_exit_handlers.pop()
+
+    for token in ("task-0", "task-3"):
+        seen = json.loads((tmp_path / f"{token}.json").read_text())
+        assert seen["token"] == token
+        assert seen["runtime_api_address"] == "127.0.0.1:9094" and seen["insecure"] is True
+        assert seen["pid"] != os.getpid()
+    assert not parent_marker.exists(), "a forked ClientApp ran the SuperExec's exit handlers"
+
+
+def test_child_exit_code_is_reported(tmp_path, monkeypatch, caplog):
+    def failing(**kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(fse, "run_clientapp", failing)
+    executor = fse.ForkingClientAppExecutor()
+    executor.launch(_spec("task-x"))
+    pid = next(iter(executor.children))
+    logged = []
+    monkeypatch.setattr(fse, "log", lambda level, msg, *args: logged.append(msg % args))
+    _reap(executor)
+    assert logged == [f"ClientApp process {pid} exited with code 1"]
+
+
+def test_cli_refuses_another_executor_and_unknown_preloads():
+    with pytest.raises(SystemExit, match="brings its own executor"):
+        fse.main(["--executor", "kubernetes", "--runtime-api-address", "127.0.0.1:9094"])
+    with pytest.raises(SystemExit, match="cannot preload 'no_such_module_xyz'"):
+        fse.main(["--preload", "no_such_module_xyz", "--runtime-api-address", "127.0.0.1:9094"])
+
+
+# --- fedgraph-supernode: flower-supernode with its poll waits capped -------------------
+def test_supernode_poll_cap_applies_to_the_loop_module_only(monkeypatch):
+    import importlib
+    import time as real_time
+
+    from flwr.supercore.inflatable import inflatable_utils
+
+    from fedgraph_flwr.engine import fast_poll_supernode as fps
+
+    loop = importlib.import_module(fps.SUPERNODE_LOOP_MODULE)
+    assert loop.time is real_time  # the Flower we pin: the seam exists
+    monkeypatch.setattr(loop, "time", real_time)  # restored after the test
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    monkeypatch.setitem(defaults, "initial_backoff", defaults["initial_backoff"])
+    monkeypatch.setitem(defaults, "backoff_cap", defaults["backoff_cap"])
+
+    fps.cap_supernode_polls(0.05)
+    assert isinstance(loop.time, fps.CappedSleepTime)
+    t0 = real_time.perf_counter()
+    loop.time.sleep(3)  # the SuperNode's idle wait
+    assert real_time.perf_counter() - t0 < 1.0
+    assert loop.time.monotonic is real_time.monotonic  # everything else is time's
+    assert (defaults["initial_backoff"], defaults["backoff_cap"]) == (0.05, 1.0)
+    assert real_time.sleep is not loop.time.sleep  # nobody else's sleep changed
+
+
+def test_supernode_poll_interval_is_validated():
+    from fedgraph_flwr.engine import fast_poll_supernode as fps
+
+    with pytest.raises(SystemExit):
+        fps.main(["--poll-interval", "0", "--insecure"])
