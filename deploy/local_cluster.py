@@ -62,8 +62,15 @@ def check_call(cmd: list[str], env: dict[str, str], timeout: float = 120) -> str
 class LocalDeployment:
     """SuperLink, ServerApp executor, and per client a SuperNode + ClientApp executor."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, superlink_database: bool = True,
+                 stock_flower: bool = False) -> None:
+        """``superlink_database=False``: the SuperLink keeps its state in memory (Flower's
+        default; lost on restart). ``stock_flower``: ``flower-supernode`` and
+        ``flower-superexec`` for the data owners instead of our ``fedgraph-*`` wrappers
+        (same flags), to compare."""
         self.workdir = Path(workdir)
+        self.superlink_database = superlink_database
+        self.stock_flower = stock_flower
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.tls = self.workdir / "tls"  # the operator's CA and SuperLink certificate
@@ -183,7 +190,7 @@ class LocalDeployment:
         self.start("superlink", L.superlink_cmd(
             str(self.tls / "ca.crt"), str(self.tls / f"{L.TLS_CERT_NAME}.pem"),
             str(self.tls / f"{L.TLS_CERT_NAME}.key"), host="127.0.0.1", port=self.port,
-            database=str(self.workdir / "superlink.db")))
+            database=str(self.workdir / "superlink.db") if self.superlink_database else None))
         self.wait_for_log("superlink", r"Uvicorn running on https://", 60)
         self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address))
         self.flwr_home.mkdir(parents=True, exist_ok=True)
@@ -198,14 +205,19 @@ class LocalDeployment:
                         partition_id: int | None = None) -> None:
         """A SuperNode with key ``keys/<name>``; with its ClientApp executor unless ``executor`` is None."""
         port = self.runtime_ports.setdefault(name, free_port())
-        self.start(name, L.supernode_cmd(
+        node = L.supernode_cmd(
             self.address, str(self.tls / "ca.crt"), str(self.keys / name), str(partition_file),
             str(self.node_tls / f"{L.RUNTIME_CERT_NAME}.pem"),
             str(self.node_tls / f"{L.RUNTIME_CERT_NAME}.key"), str(self.node_tls / "ca.crt"),
-            runtime_port=port, partition_id=partition_id))
+            runtime_port=port, partition_id=partition_id)
+        if self.stock_flower:
+            node[0] = "flower-supernode"
+        self.start(name, node)
         if executor is not None:
-            self.start(executor, L.clientapp_executor_cmd(str(self.node_tls / "ca.crt"), f"127.0.0.1:{port}"),
-                       env={**L.EXECUTOR_ENV, **self.clientapp_env})
+            exe = L.clientapp_executor_cmd(str(self.node_tls / "ca.crt"), f"127.0.0.1:{port}")
+            if self.stock_flower:
+                exe[0] = "flower-superexec"
+            self.start(executor, exe, env={**L.EXECUTOR_ENV, **self.clientapp_env})
 
     def up(self, partition_files: list[Path]) -> None:
         """Everything for clients ``0..len(partition_files)-1``, keys registered, nodes online."""
