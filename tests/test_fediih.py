@@ -438,3 +438,24 @@ def test_server_maths_in_blocks_equals_the_broadcast_formulas(monkeypatch):
     blocks = rng.normal(size=(7, 3, 4, 6))
     np.testing.assert_allclose(fediih.blockwise_mix(blocks, beta),
                                np.einsum("kmj,jk...->mk...", beta, blocks), rtol=1e-12, atol=1e-14)
+
+
+def test_float32_similarity_in_blocks_matches_float64(monkeypatch):
+    """server-mix-dtype=float32's JS (torch, float32, upper triangle mirrored, row
+    blocks) equals the float64 form to float32 precision, for blocks that split the
+    triangle unevenly too; symmetric with S(m, m) = 1 exactly."""
+    from fedgraph_flwr.algorithms import fediih
+
+    rng = np.random.default_rng(4)
+    mu, logvar = rng.normal(size=(11, 3, 6)), rng.normal(scale=0.5, size=(11, 3, 6)) - 1.0
+    exact = fediih.factor_similarity(mu, logvar)
+    for rows in (1, 3, 11):
+        monkeypatch.setattr(fediih, "JS_BLOCK_ELEMENTS_FLOAT32", rows * 11 * 6)
+        fast = fediih.factor_similarity_float32(mu, logvar)
+        assert fast.dtype == np.float64 and fast.shape == exact.shape
+        np.testing.assert_allclose(fast, exact, rtol=0, atol=2e-5)
+        np.testing.assert_array_equal(fast, fast.transpose(0, 2, 1))
+        np.testing.assert_array_equal(np.diagonal(fast, axis1=1, axis2=2), 1.0)
+    # The weights the server mixes with agree too.
+    np.testing.assert_allclose(fediih.similarity_weights(fast, 10.0),
+                               fediih.similarity_weights(exact, 10.0), rtol=5e-4, atol=1e-9)

@@ -277,6 +277,43 @@ def factor_similarity(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
     return 1.0 - js / math.log(2.0)
 
 
+# The float32 path's row blocks are cache-sized: its ~5 elementwise passes then stay in
+# L2/L3 instead of streaming 64 MB temporaries through memory (0.38 s -> 0.22 s at M=1000).
+JS_BLOCK_ELEMENTS_FLOAT32 = 1024 * 1024
+
+
+def factor_similarity_float32(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
+    """:func:`factor_similarity` in float32 with torch (``server-mix-dtype=float32``).
+
+    JS is symmetric, so only row block × (columns from the block on) is evaluated and
+    the upper triangle mirrored: half the pairs. Per element only the pairwise part,
+    2·log(σ²_a+σ²_b) + (μ_a−μ_b)²/(σ²_a+σ²_b), is summed; Σℓ_a, Σℓ_b and the constant
+    are added per pair afterwards. torch runs the logs vectorised on every core
+    (numpy's ufuncs use one). Agrees with the float64 form to ~1e-5 in S
+    (tests/test_fediih.py). Returns S [K, M, M] float64, S(m, m) = 1 exactly.
+    """
+    mu_t = torch.as_tensor(np.asarray(mu, np.float32)).transpose(0, 1).contiguous()  # [K, M, d_k]
+    logvar_t = torch.as_tensor(np.asarray(logvar, np.float32)).transpose(0, 1).contiguous()
+    num_factors, num_clients, d_k = mu_t.shape
+    var_t = logvar_t.exp()
+    logvar_sum = logvar_t.double().sum(-1)  # [K, M]
+    rows = max(1, JS_BLOCK_ELEMENTS_FLOAT32 // max(1, num_clients * d_k))
+    pairwise = torch.zeros(num_factors, num_clients, num_clients, dtype=torch.float64)
+    with torch.no_grad():
+        for k in range(num_factors):
+            for start in range(0, num_clients, rows):
+                stop = min(start + rows, num_clients)
+                var_sum = var_t[k, start:stop, None] + var_t[k, None, start:]  # [r, M-start, d_k]
+                term = (mu_t[k, start:stop, None] - mu_t[k, None, start:]).square_().div_(var_sum)
+                term.add_(var_sum.log_(), alpha=2.0)
+                pairwise[k, start:stop, start:] = term.sum(-1)
+    js = 0.25 * (pairwise - logvar_sum[:, :, None] - logvar_sum[:, None, :]
+                 + 2.0 * d_k * math.log(0.5))
+    js = torch.triu(js, 1)
+    js = js + js.transpose(1, 2)  # mirror the upper triangle; JS(q, q) = 0 exactly
+    return (1.0 - js / math.log(2.0)).numpy()
+
+
 def similarity_weights(similarity: np.ndarray, tau: float) -> np.ndarray:
     """β = row-softmax(τ·S) along the last axis (spec Eq. 11); rows sum to 1."""
     logits = tau * np.asarray(similarity, np.float64)
@@ -310,8 +347,14 @@ class FedIIHAggregator(Aggregator):
         logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
         num_clients, num_factors, d_k = mu.shape
         tau = float(self.config.get("fediih-tau", CONFIG_DEFAULTS["fediih-tau"]))
-        similarity = factor_similarity(mu, logvar)  # [K, M, M]
-        beta = similarity_weights(similarity, tau)
+        if self.mix_dtype == np.float32:
+            # float32 mode: the pairwise JS in float32 too (its cost dominates), the
+            # softmax (still float64) with torch on every core.
+            similarity = factor_similarity_float32(mu, logvar)  # [K, M, M]
+            beta = torch.softmax(tau * torch.from_numpy(similarity), dim=-1).numpy()
+        else:
+            similarity = factor_similarity(mu, logvar)
+            beta = similarity_weights(similarity, tau)
         alpha = global_factor_means(mu).astype(np.float32)
 
         def stacked(name: str) -> np.ndarray:
