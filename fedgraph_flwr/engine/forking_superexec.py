@@ -11,7 +11,8 @@ process per message still, each with its own memory, so a crash or leak in one
 ClientApp cannot touch the next; only the import cost is shared (copy-on-write).
 
 Other task types (ServerApp, simulation) are launched as Flower does, by
-subprocess. The fork start method needs POSIX; elsewhere use ``flower-superexec``.
+subprocess. Forking after importing torch is safe on Linux; on macOS (whose system
+frameworks are not fork-safe) and Windows use ``flower-superexec``.
 
 Fork safety: the parent only imports (no torch op runs, CUDA is never initialised,
 so its thread pools and the GPU context are created in each child). The child drops
@@ -162,8 +163,9 @@ def preload(modules: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``fedgraph-superexec [--preload MOD ...] <flower-superexec flags>``."""
-    if not hasattr(os, "fork"):
-        raise SystemExit("fedgraph-superexec needs fork() (POSIX); use flower-superexec here.")
+    if not hasattr(os, "fork") or sys.platform == "darwin":
+        raise SystemExit("fedgraph-superexec forks after importing torch, which is only safe "
+                         "on Linux; use flower-superexec (same flags) here.")
     ours = argparse.ArgumentParser(
         prog="fedgraph-superexec", add_help=False,
         description="flower-superexec whose ClientApp processes fork from a pre-imported parent.")
