@@ -8,9 +8,11 @@ Every long-running process of a deployment, as Flower 1.41 lays it out with
   (the ServerApp executor). SuperNode authentication on.
 - ``superexec-serverapp``: ``flower-superexec`` next to the SuperLink; starts one
   ServerApp process per run.
-- per data owner ``i``: ``supernode-<i>`` (``flower-supernode``, its own partition
-  file in ``--node-config``, its own auth key) and ``superexec-clientapp-<i>``
-  (``flower-superexec`` on the same host; starts a ClientApp process per message).
+- per data owner ``i``: ``supernode-<i>`` (``fedgraph-supernode``: ``flower-supernode``
+  with its poll waits capped; its own partition file in ``--node-config``, its own auth
+  key) and ``superexec-clientapp-<i>`` (``fedgraph-superexec``: ``flower-superexec``
+  whose per-message ClientApp processes fork from a pre-imported parent; same host).
+  Both take Flower's flags unchanged, so the stock programs can stand in for them.
   The SuperNode's Runtime API listens on 127.0.0.1 only, with TLS.
 
 ``tests/test_deploy.py`` starts exactly these commands on 127.0.0.1;
