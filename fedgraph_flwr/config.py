@@ -30,6 +30,8 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "partition-dir": "",
     "partition-split": "auto",
     "split-draw": 0,
+    # pymetis (bundled, 64-bit idx_t) | system (libmetis; Debian's 32-bit one = the reference's partitions)
+    "metis-library": "pymetis",
     "rounds": 100,
     "local-epochs": 1,
     "fraction": 1.0,
@@ -68,6 +70,7 @@ PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
 PARTITION_SPLITS = ("auto", "global", "per-client")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
+METIS_LIBRARIES = ("pymetis", "system")  # mirrors data.partition.METIS_LIBRARIES (a test checks)
 
 
 class ConfigError(ValueError):
@@ -177,6 +180,9 @@ def validate(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"
         )
+    if config["metis-library"] not in METIS_LIBRARIES:
+        raise ConfigError(f"unknown metis-library {config['metis-library']!r}; "
+                          f"valid: {', '.join(METIS_LIBRARIES)}")
     if config["partition"] == "files":
         _check_partition_dir(str(config["partition-dir"]), int(config["num-clients"]))
     for key in ("rounds", "local-epochs", "num-clients", "hidden", "num-layers"):

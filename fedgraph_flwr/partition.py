@@ -1,7 +1,8 @@
 """Build (or reuse) a partition cache and print its per-client table.
 
     python -m fedgraph_flwr.partition --dataset Cora --num-clients 10 --partition metis \\
-        [--data-root D] [--split-seed 1234] [--partition-seed 1234] [--export DIR --format npz]
+        [--data-root D] [--split-seed 1234] [--partition-seed 1234] [--split-draw 0]
+        [--metis-library pymetis|system] [--export DIR --format npz]
 
 Prints the per-client table, each client's label histogram, the edge cut (undirected
 edges of the global graph whose endpoints no client holds together) and FedAux's
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-draw", type=int, default=0,
                    help="discard this many split permutations first "
                         "(1 reproduces the reference Cora-10 split)")
+    p.add_argument("--metis-library", default="pymetis", choices=("pymetis", "system"),
+                   help="METIS build: pymetis (bundled, 64-bit idx_t) or system ($METIS_DLL or the "
+                        "system's libmetis; Debian's 32-bit libmetis5 gives the reference code's partitions)")
     p.add_argument("--export", default="", help="also write client_<i>.<format> + stats.json here")
     p.add_argument("--format", default="npz", choices=("npz", "pt"))
     p.add_argument("--json", action="store_true", help="print the manifest as JSON instead of a table")
@@ -85,20 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .data.datasets import DatasetNotAvailable
     from .data.files import SubgraphFileError, export_partitions
+    from .data.libmetis import LibMetisNotFound
     from .data.partition import ensure_diagnostics, ensure_partitions, load_all_clients
 
     config = {
         "dataset": args.dataset, "num-clients": args.num_clients, "partition": args.partition,
         "data-root": args.data_root, "split-seed": args.split_seed,
         "partition-seed": args.partition_seed, "partition-split": args.partition_split,
-        "split-draw": args.split_draw,
+        "split-draw": args.split_draw, "metis-library": args.metis_library,
     }
     try:
         folder = ensure_partitions(config)
         manifest = ensure_diagnostics(config, folder)  # computes them for an older cache
         if args.export:
             out = export_partitions(load_all_clients(config), args.export, args.format)
-    except (DatasetNotAvailable, SubgraphFileError, ValueError) as exc:
+    except (DatasetNotAvailable, SubgraphFileError, LibMetisNotFound, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:

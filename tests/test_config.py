@@ -38,6 +38,7 @@ def test_defaults_resolve():
         ({"partition": "files"}, "partition=files needs partition-dir"),
         ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
         ({"server-mix-dtype": "float16"}, "unknown server-mix-dtype 'float16'"),
+        ({"metis-library": "metis5"}, "unknown metis-library 'metis5'; valid: pymetis, system"),
     ],
 )
 def test_bad_input_is_one_line(overrides, fragment):
@@ -69,3 +70,10 @@ def test_yaml_unknown_key(tmp_path):
 def test_types_are_coerced():
     cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
     assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
+
+
+def test_metis_library_choices_match_the_partitioner():
+    from fedgraph_flwr.config import METIS_LIBRARIES
+    from fedgraph_flwr.data.partition import METIS_LIBRARIES as PARTITIONER
+
+    assert METIS_LIBRARIES == PARTITIONER

@@ -18,15 +18,16 @@ from fedgraph_flwr.data import datasets as ds
 from fedgraph_flwr.data import files, synthetic
 from fedgraph_flwr.data.splits import per_client_split, random_split, split_ratios
 
-SHARED = Path("/work/shared/datasets")
-REFERENCE = Path("/work/shared/reference-partitions/fedaux-cora-disjoint-10")
+# ../shared beside the checkout (as in CI), never written to.
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+REFERENCE = SHARED.parent / "reference-partitions" / "fedaux-cora-disjoint-10"
 
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
-    """A writable copy of the shared raw datasets (never write into /work/shared)."""
+    """A writable copy of the shared raw datasets (never write into ../shared)."""
     if not SHARED.is_dir():
-        pytest.skip("shared datasets not present")
+        pytest.fail(f"shared datasets not found at {SHARED}")
     root = tmp_path_factory.mktemp("datasets")
     for name in ("Cora", "CiteSeer", "minesweeper", "tolokers"):
         shutil.copytree(SHARED / name / "raw", root / name / "raw")
@@ -304,7 +305,7 @@ def _good_arrays(n: int = 5) -> dict[str, np.ndarray]:
 
 def test_reference_partitions_load():
     if not REFERENCE.is_dir():
-        pytest.skip("reference partitions not present")
+        pytest.fail(f"reference partitions not found at {REFERENCE}")
     clients = files.load_partition_dir(REFERENCE, 10)
     stats = json.loads((REFERENCE / "stats.json").read_text())
     for c, s in zip(clients, stats):

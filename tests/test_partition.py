@@ -20,15 +20,16 @@ from fedgraph_flwr.data.datasets import load_dataset
 from fedgraph_flwr.data.splits import random_split
 from fedgraph_flwr.data.synthetic import sbm_edge_index
 
-SHARED = Path("/work/shared/datasets")
-REFERENCE = Path("/work/shared/reference-partitions/fedaux-cora-disjoint-10")
+# ../shared beside the checkout (as in CI), never written to.
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+REFERENCE = SHARED.parent / "reference-partitions" / "fedaux-cora-disjoint-10"
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
     if not SHARED.is_dir():
-        pytest.skip("shared datasets not present")
+        pytest.fail(f"shared datasets not found at {SHARED}")
     root = tmp_path_factory.mktemp("datasets")
     shutil.copytree(SHARED / "Cora" / "raw", root / "Cora" / "raw")
     return root
@@ -148,7 +149,7 @@ def test_partition_errors(cora):
 def test_reference_split_reproduced(cora):
     """The shipped Cora-10 files carry the 2nd permutation of seed 1234 (skip=1)."""
     if not REFERENCE.is_dir():
-        pytest.skip("reference partitions not present")
+        pytest.fail(f"reference partitions not found at {REFERENCE}")
     tr, _, te = random_split(cora.num_nodes, 0.2, 0.4, 1234, skip=1)
     index = {}
     for gid, row in enumerate(cora.x.numpy()):
@@ -163,6 +164,51 @@ def test_reference_split_reproduced(cora):
                 assert bool(c.test_mask[r]) == bool(te[hits[0]])
     assert matched > 2400
 
+
+
+def _system_metis_or_skip() -> None:
+    from fedgraph_flwr.data.libmetis import LibMetisNotFound, idx_bits
+
+    try:
+        bits = idx_bits()
+    except LibMetisNotFound as exc:
+        pytest.skip(f"no system METIS library ({exc})")
+    if bits != 32:
+        pytest.skip(f"the system METIS library has {bits}-bit idx_t; the reference used 32-bit")
+
+
+def test_system_metis_reproduces_reference_files(data_root, tmp_path):
+    """metis-library=system (32-bit libmetis) + split-draw=1 rebuilds the shipped Cora-10 files.
+
+    Same nodes per client, in the same order, same features, labels, masks and edges:
+    the reference generator's partition and split, node for node.
+    """
+    _system_metis_or_skip()
+    config = _config(data_root, **{"num-clients": 10, "metis-library": "system", "split-draw": 1})
+    ours = P.load_all_clients(config)
+    theirs = files.load_partition_dir(REFERENCE, 10)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.num_nodes == b.num_nodes, i
+        assert torch.allclose(a.x, b.x) and torch.equal(a.y, b.y), i
+        for key in files.MASK_KEYS:
+            assert torch.equal(a[key], b[key]), (i, key)
+        assert _edge_keys(a.edge_index, a.num_nodes) == _edge_keys(b.edge_index, b.num_nodes), i
+    # ...while pymetis (64-bit idx_t) partitions the same graph differently
+    sizes = sorted(c.num_nodes for c in P.load_all_clients(_config(data_root, **{"num-clients": 10})))
+    assert sizes != sorted(c.num_nodes for c in theirs)
+    folder = P.ensure_partitions(config)
+    assert folder.name.endswith("-d1-systemmetis")
+    assert "32-bit" in P.read_manifest(folder)["versions"]["metis_library"]
+
+
+def test_system_metis_missing_library_is_one_clear_error(cora, monkeypatch):
+    from fedgraph_flwr.data.libmetis import LibMetisNotFound
+
+    monkeypatch.setenv("METIS_DLL", "/nonexistent/libmetis.so.5")
+    with pytest.raises(LibMetisNotFound, match="apt install libmetis5"):
+        P.metis_membership(cora.edge_index, cora.num_nodes, 5, library="system")
+    with pytest.raises(ValueError, match="unknown metis-library"):
+        P.metis_membership(cora.edge_index, cora.num_nodes, 5, library="metis5")
 
 # --- the cache ------------------------------------------------------------------------------
 def _config(root: Path, **kw) -> dict:

@@ -4,7 +4,11 @@ Modes (``partition_graph``):
 
 - ``metis``: K disjoint METIS parts (k-way, METIS default options as in the FED-PUB
   reference, whose ``metispy.part_graph`` also defaults to k-way; METIS' default seed
-  is fixed, so the result is deterministic). Client i = part i.
+  is fixed, so the result is deterministic). Client i = part i. ``metis-library``
+  picks the METIS build: ``pymetis`` (the default; METIS 5.1 built with 64-bit
+  ``idx_t``) or ``system`` (the system's METIS shared library, :mod:`.libmetis`); a
+  32-bit build there, as Debian's ``libmetis5``, reproduces the reference code's
+  partitions node for node.
 - ``metis-overlapping`` (FedIIH): K/5 METIS parts; 5 clients per part, each a uniform
   random half (⌊n/2⌋ nodes) of the part, drawn with ``numpy.random.default_rng(seed)``;
   client id = part·5 + j.
@@ -78,18 +82,29 @@ def csr_adjacency(edge_index: torch.Tensor, num_nodes: int) -> tuple[np.ndarray,
     return xadj, col
 
 
+METIS_LIBRARIES = ("pymetis", "system")
+
+
 def metis_membership(edge_index: torch.Tensor, num_nodes: int, num_parts: int,
-                     metis_seed: int | None = None) -> np.ndarray:
+                     metis_seed: int | None = None, library: str = "pymetis") -> np.ndarray:
     """METIS k-way part id per node, int64 [num_nodes].
 
     ``metis_seed=None`` keeps METIS' default options (deterministic; matches the
-    reference code). An int sets METIS' own random seed option.
+    reference code). An int sets METIS' own random seed option. ``library``:
+    ``pymetis`` (its bundled METIS, 64-bit ``idx_t``) or ``system`` (a METIS shared
+    library via :mod:`.libmetis`; a 32-bit one gives the reference code's partitions).
     """
+    if library not in METIS_LIBRARIES:
+        raise ValueError(f"unknown metis-library {library!r}; valid: {', '.join(METIS_LIBRARIES)}")
     if num_parts == 1:
         return np.zeros(num_nodes, dtype=np.int64)
+    xadj, adjncy = csr_adjacency(edge_index, num_nodes)
+    if library == "system":
+        from .libmetis import part_graph_kway
+
+        return part_graph_kway(xadj, adjncy, num_parts, seed=metis_seed)
     import pymetis
 
-    xadj, adjncy = csr_adjacency(edge_index, num_nodes)
     options = pymetis.Options()
     if metis_seed is not None:
         options.seed = int(metis_seed)
@@ -126,7 +141,8 @@ def louvain_communities(edge_index: torch.Tensor, num_nodes: int, seed: int,
 
 
 def client_node_sets(data: Data, num_clients: int, mode: str, seed: int,
-                     metis_seed: int | None = None, resolution: float = 1.0) -> list[np.ndarray]:
+                     metis_seed: int | None = None, resolution: float = 1.0,
+                     metis_library: str = "pymetis") -> list[np.ndarray]:
     """Global node ids (sorted) of each client under ``mode``."""
     n = int(data.num_nodes)
     if num_clients < 1:
@@ -134,14 +150,15 @@ def client_node_sets(data: Data, num_clients: int, mode: str, seed: int,
     if num_clients > n:
         raise ValueError(f"num-clients={num_clients} exceeds the graph's {n} nodes")
     if mode == "metis":
-        parts = metis_membership(data.edge_index, n, num_clients, metis_seed)
+        parts = metis_membership(data.edge_index, n, num_clients, metis_seed, metis_library)
         sets = _groups(parts, num_clients)
     elif mode == "metis-overlapping":
         if num_clients % CLIENTS_PER_PART:
             raise ValueError(f"metis-overlapping needs num-clients divisible by {CLIENTS_PER_PART}, "
                              f"got {num_clients}")
         num_parts = num_clients // CLIENTS_PER_PART
-        parts = _groups(metis_membership(data.edge_index, n, num_parts, metis_seed), num_parts)
+        parts = _groups(metis_membership(data.edge_index, n, num_parts, metis_seed, metis_library),
+                        num_parts)
         rng = np.random.default_rng(seed)
         sets = [np.sort(rng.choice(part, size=part.size // 2, replace=False))
                 for part in parts for _ in range(CLIENTS_PER_PART)]
@@ -194,6 +211,7 @@ def partition_graph(
     split_seed: int = 1234,
     metis_seed: int | None = None,
     resolution: float = 1.0,
+    metis_library: str = "pymetis",
 ) -> list[Data]:
     """Split ``data`` into ``num_clients`` induced client subgraphs.
 
@@ -201,14 +219,15 @@ def partition_graph(
     ``split="global"`` also train/val/test_mask [N] (see :func:`.splits.random_split`).
     ``seed``: the partition seed (overlapping halves, Louvain). ``split``: "global" |
     "per-client" | None (mode default). Raises ValueError (one line) on impossible
-    requests or when a client ends up without a training node.
+    requests or when a client ends up without a training node. ``metis_library``: see
+    :func:`metis_membership`.
     """
     split = split or default_split(mode)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     if split == "global" and not all(k in data for k in files.MASK_KEYS):
         raise ValueError("split='global' needs train_mask/val_mask/test_mask on the graph")
-    sets = client_node_sets(data, num_clients, mode, seed, metis_seed, resolution)
+    sets = client_node_sets(data, num_clients, mode, seed, metis_seed, resolution, metis_library)
     clients = []
     for i, nodes in enumerate(sets):
         client = induced_client(data, nodes)
@@ -250,6 +269,15 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _metis_library_version(library: str) -> dict[str, str]:
+    """The METIS build a partition came from, for the manifest."""
+    if library != "system":
+        return {}
+    from .libmetis import idx_bits, library_path
+
+    return {"metis_library": f"{library_path()} ({idx_bits()}-bit idx_t)"}
+
+
 def cache_key(config: Mapping[str, Any]) -> dict[str, Any]:
     """What identifies a partition build (everything that changes its files)."""
     mode = str(config.get("partition", "metis"))
@@ -271,6 +299,11 @@ def cache_key(config: Mapping[str, Any]) -> dict[str, Any]:
     split_draw = int(config.get("split-draw", 0))  # >0 only to mirror the reference's RNG use
     if split_draw:
         key["split_draw"] = split_draw
+    library = str(config.get("metis-library", "pymetis") or "pymetis")
+    if library not in METIS_LIBRARIES:
+        raise ValueError(f"unknown metis-library {library!r}; valid: {', '.join(METIS_LIBRARIES)}")
+    if library != "pymetis" and mode.startswith("metis"):  # older keys stay valid
+        key["metis_library"] = library
     if mode == "louvain":
         key["louvain_resolution"] = 1.0
     if get_spec(dataset).family == "synthetic":
@@ -286,6 +319,8 @@ def cache_name(key: Mapping[str, Any]) -> str:
         name += f"-{key['split']}"
     if key.get("split_draw"):
         name += f"-d{key['split_draw']}"
+    if key.get("metis_library"):
+        name += f"-{key['metis_library']}metis"
     return name
 
 
@@ -349,7 +384,8 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
             skip=key.get("split_draw", 0))
     clients = partition_graph(graph, key["num_clients"], key["mode"], key["partition_seed"],
                               split=key["split"], split_seed=key["split_seed"],
-                              resolution=key.get("louvain_resolution", 1.0))
+                              resolution=key.get("louvain_resolution", 1.0),
+                              metis_library=key.get("metis_library", "pymetis"))
     out_dir.mkdir(parents=True, exist_ok=True)
     digests, stats = {}, []
     for i, client in enumerate(clients):
@@ -367,7 +403,8 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
         "num_features": int(graph.num_features), "num_classes": num_classes,
         "graph": {"nodes": int(graph.num_nodes), "edges": int(graph.edge_index.size(1)),
                   "nodes_in_clients": covered},
-        "clients": stats, "diagnostics": diagnostics, "files": digests, "versions": _versions(),
+        "clients": stats, "diagnostics": diagnostics, "files": digests,
+        "versions": {**_versions(), **_metis_library_version(key.get("metis_library", "pymetis"))},
         "build_seconds": round(time.perf_counter() - t0, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -380,7 +417,8 @@ def ensure_partitions(config: Mapping[str, Any], verify: bool = True) -> Path:
 
     Reads run-config keys ``dataset``, ``num-clients``, ``partition``, ``split-seed``
     (1234), ``partition-seed`` (1234), ``data-root`` ("" = default root) and optionally
-    ``partition-split`` ("auto" | "global" | "per-client") and ``split-draw`` (0).
+    ``partition-split`` ("auto" | "global" | "per-client"), ``split-draw`` (0) and
+    ``metis-library`` ("pymetis" | "system").
     Safe under concurrent calls.
     """
     key = cache_key(config)
