@@ -346,13 +346,12 @@ def test_gcfl_plus_splits_by_gradient_sequences_and_resumes():
         agg.aggregate(rnd, _updates(agg.sent, opposed, {c: group[c][i] + 0.01 * c for c in range(6)}))
     assert agg.clusters == [list(range(6))]
     # resume mid-run through the engine's checkpoint path (numpy -> torch -> numpy)
-    from fedgraph_flwr.engine.federation import _to_numpy, _to_tensors
+    from fedgraph_flwr.engine import state_codec
+    from fedgraph_flwr.engine.federation import _to_numpy
 
-    buf = io.BytesIO()
-    torch.save(_to_tensors(agg.state_dict()), buf)
-    buf.seek(0)
+    blob = state_codec.encode(agg.state_dict())
     _, _, resumed = _gcfl_setup("gcfl+")
-    resumed.load_state_dict(_to_numpy(torch.load(buf, weights_only=True)))
+    resumed.load_state_dict(_to_numpy(state_codec.decode(blob)))
     norms = {c: group[c][4] + 0.01 * c for c in range(6)}
     res = agg.aggregate(21, _updates(agg.sent, opposed, norms))
     res_b = resumed.aggregate(21, _updates(resumed.sent, opposed, norms))

@@ -153,10 +153,10 @@ def test_two_rounds_through_flwr_run(deployment):
 
 
 def _checkpoint_round(path: Path) -> int:
-    import torch
+    from fedgraph_flwr.engine import state_codec
 
     try:
-        return int(torch.load(path, weights_only=True)["round"])
+        return int(state_codec.decode(path.read_bytes())["round"])
     except Exception:  # noqa: BLE001 - not written yet, or being replaced
         return 0
 

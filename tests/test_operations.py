@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Array, ArrayRecord
+from helpers import round_metrics, simulate
 
+from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import ERROR_TRAIN, make_client_app
 from fedgraph_flwr.engine.records import SIG
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
-from helpers import round_metrics, simulate
 
 FAIL_CLIENT, FAIL_ROUND, ROUNDS = 1, 2, 3
 
@@ -139,7 +139,7 @@ def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, data
     assert last["failures"][str(FAIL_CLIENT)].startswith(f"error {ERROR_TRAIN}: ")
     assert results["final"]["failures"] == 1
     # The checkpoint holds round 1 only, so resume=true would redo round 2.
-    assert torch.load(tmp_path / "ff" / "checkpoint.pt", weights_only=True)["round"] == 1
+    assert state_codec.decode((tmp_path / "ff" / "checkpoint.pt").read_bytes())["round"] == 1
 
 
 def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(failing_run):

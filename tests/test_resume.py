@@ -14,15 +14,15 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import round_metrics, simulate
 
 from fedgraph_flwr.config import ConfigError
 from fedgraph_flwr.engine import client_runtime as rt
+from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import make_client_app
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.engine.strategy import PersonalizedStrategy
-from helpers import round_metrics, simulate
 
 ROUNDS, CRASH_ROUND = 4, 3
 
@@ -72,7 +72,7 @@ def test_flower_resume_after_server_crash_matches_uninterrupted(uninterrupted, t
     cfg = _config(data_root, tmp_path, "crashed")
     with pytest.raises(RuntimeError, match=f"ServerApp killed in round {CRASH_ROUND}"):
         _simulate(cfg, ServerDiesInRound)
-    checkpoint = torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=True)
+    checkpoint = state_codec.decode((tmp_path / "crashed" / "checkpoint.pt").read_bytes())
     assert checkpoint["round"] == CRASH_ROUND - 1
     # The clients got further than the checkpoint: each saved its round-3 state.
     on_disk = sorted(p.name.split(".")[-2] for p in Path(cfg["client-state-dir"]).iterdir())

@@ -57,6 +57,7 @@ class FedAuxTrainer(SupervisedTrainer):
 
     # FED-PUB masks: personal, never uploaded, never overwritten by the server.
     local_keys = ("mask",)
+    restore_without_init = True  # local_state holds the whole model; no other randomness
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> FedAuxNet:

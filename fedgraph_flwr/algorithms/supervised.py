@@ -8,6 +8,9 @@ by the server), :meth:`extra_loss` (proximal or sparsity terms) and
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +20,22 @@ from torch_geometric.data import Data
 
 from ..metrics import pooled_counts, score
 from .base import Arrays, ClientTrainer, Config
+
+
+# Set while a trainer is built only to receive a saved state (restore_trainer): its
+# model's random initial values would be overwritten at once, so trainers that allow it
+# allocate the model uninitialised instead.
+_STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
+
+
+@contextlib.contextmanager
+def state_follows() -> Iterator[None]:
+    """Within: trainers with ``restore_without_init`` skip their model's initialisation."""
+    token = _STATE_FOLLOWS.set(True)
+    try:
+        yield
+    finally:
+        _STATE_FOLLOWS.reset(token)
 
 
 def resolve_metric(config: Config, num_classes: int) -> str:
@@ -49,12 +68,24 @@ class SupervisedTrainer(ClientTrainer):
     """Adam on cross-entropy over the client's training nodes, full batch."""
 
     local_keys: tuple[str, ...] = ()
+    #: Under :func:`state_follows`, allocate the model without initialising it. Only for
+    #: trainers whose saved state holds every parameter and buffer of the model and whose
+    #: construction draws no other random numbers (the round re-seeds before training).
+    restore_without_init: bool = False
 
     def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         # Same seed everywhere: every client (and the server) builds the same initial model.
         torch.manual_seed(int(config["seed"]))
-        self.model = self.build_model(data.num_features, num_classes, config).to(device)
+        if self.restore_without_init and _STATE_FOLLOWS.get():
+            with torch.device("meta"):
+                model = self.build_model(data.num_features, num_classes, config)
+            if any(m._non_persistent_buffers_set for m in model.modules()):  # not in any state
+                raise RuntimeError(f"{type(self).__name__}: restore_without_init with "
+                                   f"non-persistent buffers")
+            self.model = model.to_empty(device=device)
+        else:
+            self.model = self.build_model(data.num_features, num_classes, config).to(device)
         self.optimizer = self.build_optimizer()
         self.metric = resolve_metric(config, num_classes)
 

@@ -18,12 +18,12 @@ import time
 import traceback
 from typing import Any
 
-import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from . import client_runtime as rt
-from .records import from_array_record, to_array_record, to_metric_record
+from .records import (array_to_bytes, bytes_to_array, from_array_record, to_array_record,
+                      to_metric_record)
 
 ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
 ERROR_TRAIN = 4002  # the trainer raised
@@ -48,21 +48,21 @@ def _identity_and_data(message: Message, context: Context):
     return config, identity, data, num_classes
 
 
-def load_state(config: dict[str, Any], context: Context, partition_id: int) -> bytes | None:
+def load_state(config: dict[str, Any], context: Context, partition_id: int) -> bytes | memoryview | None:
     """The client's state from its last round: in ``context.state`` or a per-client file."""
     if config["client-state"] == "file":
         return rt.load_state_file(config, partition_id, int(config["server-round"]))
     record = context.state.get(STATE_KEY)
     if record is None:
         return None
-    return record["blob"].numpy().tobytes()
+    return array_to_bytes(record["blob"])
 
 
 def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes) -> None:
     if config["client-state"] == "file":
         rt.save_state_file(config, partition_id, int(config["server-round"]), blob)
         return
-    context.state[STATE_KEY] = to_array_record({"blob": np.frombuffer(blob, dtype=np.uint8)})
+    context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
 
 
 def handshake(message: Message, context: Context) -> Message:

@@ -7,7 +7,6 @@ run exactly the same code.
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,9 @@ from torch_geometric.data import Data
 
 from ..algorithms import get_algorithm
 from ..algorithms.base import Arrays, Config
+from ..algorithms.supervised import state_follows
 from ..config import data_root
+from . import state_codec
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
 # SuperNode): reading and validating the file once is enough.
@@ -138,13 +139,11 @@ def pick_device() -> torch.device:
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
+    return state_codec.encode(state)
 
 
 def state_from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
-    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
+    return state_codec.decode(blob, device)
 
 
 # --- client state kept in files (client-state=file) ---------------------------------------
@@ -225,9 +224,12 @@ def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes |
         # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
         # deterministic kernels make the same config and seed give the same numbers.
         torch.use_deterministic_algorithms(True, warn_only=True)
-    trainer = get_algorithm(str(config["algorithm"])).trainer(data, config, num_classes, device)
-    if state is not None:
-        trainer.load_local_state(state_from_bytes(state, device))
+    build = get_algorithm(str(config["algorithm"])).trainer
+    if state is None:
+        return build(data, config, num_classes, device)
+    with state_follows():
+        trainer = build(data, config, num_classes, device)
+    trainer.load_local_state(state_from_bytes(state, device))
     return trainer
 
 

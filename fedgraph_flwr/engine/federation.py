@@ -27,6 +27,7 @@ from ..algorithms import get_algorithm
 from ..algorithms.base import Arrays, ClientUpdate, Config
 from ..algorithms.supervised import resolve_metric
 from ..config import ConfigError, default_run_name
+from . import state_codec
 
 # Metric keys every trainer reports; the headline figure uses these.
 VAL, TEST = "val_metric", "test_metric"
@@ -115,17 +116,6 @@ def _atomic_write(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _to_tensors(obj: Any) -> Any:
-    """numpy -> torch recursively, so checkpoints load with ``weights_only=True``."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(obj))
-    if isinstance(obj, dict):
-        return {k: _to_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_tensors(v) for v in obj)
-    return obj
 
 
 def _to_numpy(obj: Any) -> Any:
@@ -502,21 +492,21 @@ class Federation:
             "round": self.rounds[-1].round if self.rounds else 0,
             "config_json": json.dumps(self.config, default=str),
             "state_token": self.state_token,
-            "payloads": _to_tensors({int(c): p for c, p in self.payloads.items()}),
-            "aggregator": _to_tensors(self.aggregator.state_dict()),
+            "payloads": {int(c): p for c, p in self.payloads.items()},  # numpy: stored as tensors
+            "aggregator": self.aggregator.state_dict(),
             "rounds_json": json.dumps([r.to_json() for r in self.rounds], default=float),
-            "diagnostics": _to_tensors({n: list(v) for n, v in self.diagnostics.items()}),
+            "diagnostics": {n: list(v) for n, v in self.diagnostics.items()},
             "signature_schema": {k: list(v) for k, v in self.signature_schema.items()},
             "elapsed": self.wall_time(),
         }
-        _atomic_write(self.checkpoint_path, lambda fh: torch.save(state, fh))
+        _atomic_write(self.checkpoint_path, lambda fh: fh.write(state_codec.encode(state)))
 
     def load_checkpoint(self) -> int:
         """Restore a checkpoint; return the last completed round (0 if none)."""
         if not self.checkpoint_path.is_file():
             raise ConfigError(f"resume=true but there is no checkpoint at {self.checkpoint_path}")
         try:
-            state = torch.load(self.checkpoint_path, weights_only=True)
+            state = state_codec.decode(self.checkpoint_path.read_bytes())
         except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
             raise ConfigError(f"resume=true but {self.checkpoint_path} is unreadable: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -15,11 +15,14 @@ and of its reply (client -> server)::
 
 from __future__ import annotations
 
+import io
+import struct
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.constant import SType
 
 from ..algorithms.base import Arrays
 
@@ -32,6 +35,27 @@ def to_array_record(arrays: Arrays) -> ArrayRecord:
 
 def from_array_record(record: ArrayRecord) -> Arrays:
     return {k: v.numpy() for k, v in record.items()}
+
+
+def bytes_to_array(blob: bytes) -> Array:
+    """``blob`` as a 1-D uint8 Array (numpy's .npy layout, as ``Array(ndarray)`` makes),
+    built with one copy instead of ``np.save``'s three: the client state is ~10 MB."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "|u1", "fortran_order": False, "shape": (len(blob),)})
+    return Array(dtype="uint8", shape=(len(blob),), stype=SType.NUMPY,
+                 data=header.getvalue() + blob)
+
+
+def array_to_bytes(array: Array) -> memoryview:
+    """The bytes :func:`bytes_to_array` wrapped (any 1-D uint8 .npy Array), without copying."""
+    data = memoryview(array.data)
+    if array.dtype != "uint8" or len(array.shape) != 1 or bytes(data[:6]) != b"\x93NUMPY":
+        raise ValueError(f"not a 1-D uint8 .npy array: dtype={array.dtype} shape={array.shape}")
+    major = data[6]
+    (header_len,) = struct.unpack_from("<H" if major == 1 else "<I", data, 8)
+    start = 10 + header_len if major == 1 else 12 + header_len
+    return data[start:start + int(array.shape[0])]
 
 
 def to_config_record(config: dict[str, Any]) -> ConfigRecord:
