@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--algorithm", default="fedaux")
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more run-config entries, as flwr run --run-config takes them")
     parser.add_argument("--stock-flower", action="store_true")
     parser.add_argument("--in-memory-state", action="store_true")
     parser.add_argument("--workdir", type=Path, default=None, help="kept if given (logs)")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         startup = time.perf_counter() - t0
         run_config = (f'algorithm="{args.algorithm}" num-clients={args.clients} '
                       f'rounds={args.rounds} hidden={args.hidden} round-timeout=300.0 '
-                      f'output-dir="{workdir / "outputs"}" run-name="bench"')
+                      f'output-dir="{workdir / "outputs"}" run-name="bench" ' + " ".join(args.set))
         t0 = time.perf_counter()
         out = dep.flwr_run(run_config, timeout=600 + 60 * args.rounds)
         wall = time.perf_counter() - t0
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                           default=0.0) for r in rounds]
     row = {
         "benchmark": "deploy_round", "algorithm": args.algorithm, "clients": args.clients,
-        "hidden": args.hidden, "rounds": args.rounds,
+        "hidden": args.hidden, "rounds": args.rounds, "set": " ".join(args.set),
         "supernode": "flower-supernode" if args.stock_flower else "fedgraph-supernode",
         "executor": "flower-superexec" if args.stock_flower else "fedgraph-superexec",
         "superlink_state": "memory" if args.in_memory_state else "sqlite file",

@@ -16,17 +16,15 @@ import csv
 import json
 import math
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
 from helpers import round_metrics, simulate
 
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import ERROR_TRAIN, make_client_app
-from fedgraph_flwr.engine.records import SIG
+from fedgraph_flwr.engine.records import SIG, from_array_record, to_array_record
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
 
@@ -44,16 +42,18 @@ def measure_mod(folder: str):
             entry = {
                 "round": int(msg.content["config"]["server-round"]),
                 "client": int(ctx.node_config["partition-id"]),
-                "in_array_bytes": int(sum(a.numpy().nbytes for a in arrays.values())),
+                "in_array_bytes": int(sum(a.nbytes for a in from_array_record(arrays).values())),
                 "in_arrays": len(arrays),
+                "in_record_bytes": int(sum(len(a.data) for a in arrays.values())),
             }
         reply = call_next(msg, ctx)
         if entry:
             if reply.has_error():
                 entry["error_code"] = int(reply.error.code)
             else:
-                entry["out_array_bytes"] = int(sum(a.numpy().nbytes
-                                                   for a in reply.content["arrays"].values()))
+                out = reply.content["arrays"]
+                entry["out_array_bytes"] = int(sum(a.nbytes for a in from_array_record(out).values()))
+                entry["out_arrays"] = len(out)
                 entry["out_signature_floats"] = int(sum(
                     len(v) for k, v in reply.content["metrics"].items() if k.startswith(SIG)))
             Path(folder, f"{uuid.uuid4().hex}.json").write_text(json.dumps(entry))
@@ -69,10 +69,10 @@ def wrong_shape_mod(client: int, server_round: int):
         if (msg.metadata.message_type == "train"
                 and int(ctx.node_config["partition-id"]) == client
                 and int(msg.content["config"]["server-round"]) == server_round):
-            arrays = OrderedDict(msg.content["arrays"].items())
+            arrays = from_array_record(msg.content["arrays"])
             first = next(iter(arrays))
-            arrays[first] = Array(np.zeros((2, 2), dtype=np.float32))
-            msg.content["arrays"] = ArrayRecord(arrays)
+            arrays[first] = np.zeros((2, 2), dtype=np.float32)
+            msg.content["arrays"] = to_array_record(arrays)
         return call_next(msg, ctx)
 
     return corrupt
@@ -156,6 +156,8 @@ def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(fail
             m = by_key[(r["round"], cid)]
             sent = r["bytes_sent"][str(cid)]
             assert sent == m["in_array_bytes"] > 0
+            # one packed Array per message, a little larger than the parameters it holds
+            assert m["in_arrays"] == 1 and sent < m["in_record_bytes"] < sent + 4096
             if "error_code" in m:
                 assert (r["round"], cid) == (FAIL_ROUND, FAIL_CLIENT)
                 assert m["error_code"] == ERROR_TRAIN
@@ -163,6 +165,7 @@ def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(fail
                 assert csv_bytes[(r["round"], cid)] == (sent, 0)
                 continue
             received = r["bytes_received"][str(cid)]
+            assert m["out_arrays"] == 1
             assert received == m["out_array_bytes"] + 4 * m["out_signature_floats"]
             signature_seen |= m["out_signature_floats"] > 0
             assert csv_bytes[(r["round"], cid)] == (sent, received)

@@ -1,0 +1,64 @@
+"""Packing a message's arrays into one Flower Array (fedgraph_flwr.engine.records)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord
+
+from fedgraph_flwr.engine.records import (
+    PACKED, array_to_bytes, bytes_to_array, from_array_record, pack_arrays, to_array_record,
+    unpack_arrays,
+)
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "conv1.weight": rng.standard_normal((37, 16)).astype(np.float32),
+        "strided": rng.standard_normal((6, 8))[:, ::2],  # not contiguous
+        "empty": np.zeros((0, 3), np.float32),
+        "scalar": np.array(2.5, np.float64),  # 0-d stays 0-d
+        "ids": np.arange(7, dtype=np.int64),
+        "half": np.ones((2, 3), np.float16),
+        "flags": np.array([True, False]),
+    }
+
+
+def test_one_packed_array_round_trips_every_dtype_and_shape():
+    arrays = _arrays()
+    record = to_array_record(arrays)
+    assert list(record.keys()) == [PACKED]
+    packed = record[PACKED].numpy()  # a valid .npy, as Flower's own Array(ndarray) makes
+    assert packed.dtype == np.uint8 and packed.ndim == 1
+    back = from_array_record(record)
+    assert list(back) == list(arrays)
+    for name, value in arrays.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape, name
+        assert np.array_equal(back[name], value), name
+    back["conv1.weight"] += 1  # writable, and not a view of the record
+    assert np.array_equal(from_array_record(record)["conv1.weight"], arrays["conv1.weight"])
+
+
+def test_reads_a_record_of_one_array_per_name_too():
+    arrays = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2))}
+    legacy = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    back = from_array_record(legacy)
+    assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="not a packed array record"):
+        unpack_arrays(b"\x00" * 64)
+    with pytest.raises(TypeError, match="dtype object"):
+        pack_arrays({"o": np.array([object()])})
+    with pytest.raises(ValueError, match="1-D uint8"):
+        array_to_bytes(Array(np.ones(3, np.float32)))
+
+
+def test_bytes_to_array_is_numpys_own_npy_layout():
+    blob = bytes(range(256)) * 3
+    ours = bytes_to_array(blob)
+    numpys = Array(np.frombuffer(blob, dtype=np.uint8))
+    assert ours.data == numpys.data
+    assert bytes(array_to_bytes(ours)) == blob
