@@ -119,3 +119,19 @@ def test_supernode_poll_interval_is_validated():
 
     with pytest.raises(SystemExit):
         fps.main(["--poll-interval", "0", "--insecure"])
+
+
+def test_serverapp_retries_reply_objects_sooner(monkeypatch):
+    """The ServerApp's grid pulls a reply's objects with inflatable_utils.pull_objects
+    (the seam in the flwr we pin); run_server sets its first retry to 20 ms, not 1 s."""
+    from flwr.superlink.grid import http_grid
+    from flwr.supercore.inflatable import inflatable_utils
+
+    from fedgraph_flwr.engine import server_app
+
+    assert http_grid.pull_objects is inflatable_utils.pull_objects
+    defaults = inflatable_utils.pull_objects.__kwdefaults__
+    monkeypatch.setitem(defaults, "initial_backoff", defaults["initial_backoff"])
+    monkeypatch.setitem(defaults, "backoff_cap", defaults["backoff_cap"])
+    server_app.retry_reply_objects_sooner()
+    assert (defaults["initial_backoff"], defaults["backoff_cap"]) == server_app.REPLY_PULL_BACKOFF
