@@ -175,7 +175,10 @@ def shell(cmd: list[str], env: dict[str, str] | None = None) -> str:
 # --- the README's N-machine walk-through (rendered with its placeholder values) -------------
 README_HOST = "superlink.example.org"
 README_CA_PATH = "/home/operator/fedgraph/tls/ca.crt"  # absolute: the CLI reads it from anywhere
-README_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=100 '
+# client-state="file": each owner keeps its optimizer state on its own disk (it survives
+# a SuperNode restart, and 10 MB of FedAux state no longer travels between the SuperNode
+# and its ClientApp with every message).
+README_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=100 client-state="file" '
                      'output-dir="/srv/fedgraph/outputs" run-name="cora-fedaux"')
 
 
