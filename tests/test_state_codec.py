@@ -123,8 +123,11 @@ def test_fedaux_restored_without_init_trains_exactly_as_a_full_build():
 
 def test_numpy_is_stored_as_tensors_and_other_objects_are_refused_when_encoding():
     out = state_codec.decode(state_codec.encode({"a": np.arange(6, dtype=np.float32).reshape(2, 3),
-                                                 "s": np.float64(0.5)}))
+                                                 "t": np.arange(6.0).reshape(2, 3).T,
+                                                 "z": np.array(1.5), "s": np.float64(0.5)}))
     assert torch.equal(out["a"], torch.arange(6, dtype=torch.float32).view(2, 3))
+    assert torch.equal(out["t"], torch.arange(6.0, dtype=torch.float64).view(2, 3).T)
+    assert out["z"].shape == () and float(out["z"]) == 1.5  # 0-d stays 0-d
     assert out["s"] == 0.5 and type(out["s"]) is float
     with pytest.raises(TypeError, match="cannot store a BytesIO"):
         state_codec.encode({"f": io.BytesIO()})

@@ -69,7 +69,7 @@ def encode(state: Any) -> bytes:
         if isinstance(obj, tuple):
             return tuple(strip(v) for v in obj)
         if isinstance(obj, np.ndarray):
-            return strip(torch.from_numpy(np.ascontiguousarray(obj)))
+            return strip(torch.from_numpy(obj.copy(order="C") if not obj.flags.c_contiguous else obj))
         if isinstance(obj, np.generic):
             return obj.item()
         if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
