@@ -13,7 +13,7 @@ from torch_geometric.data import Data
 from fedgraph_flwr.algorithms import get_algorithm
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
-from fedgraph_flwr.engine import state_codec
+from fedgraph_flwr.engine import framing, state_codec
 
 
 def _same(a, b) -> bool:
@@ -82,7 +82,7 @@ def test_reads_torch_save_blobs_of_earlier_versions():
 
 def test_skeleton_refuses_foreign_classes():
     evil = pickle.dumps(io.BytesIO(b"x"), protocol=5)
-    blob = state_codec.MAGIC + state_codec._HEADER.pack(len(evil)) + evil
+    blob = framing.write(state_codec.MAGIC, evil, [])
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
         state_codec.decode(blob)
 

@@ -15,9 +15,9 @@ and of its reply (client -> server)::
 Why one packed Array: a deployed SuperLink stores, and SuperNodes push and pull, every
 Array (and every 5 MB chunk of one) as its own object, one authenticated request and
 database transaction each. A FedAux model is 7 arrays; packed, a message carries 1.
-The packed Array is a 1-D uint8 ``.npy`` array holding ``PACK_MAGIC``, a uint64 length,
-a JSON list of ``[name, dtype, shape, offset]`` and the arrays' bytes at 64-byte-aligned
-offsets (no pickle: it comes from the network). :func:`from_array_record` also reads a
+The packed Array is a 1-D uint8 ``.npy`` array holding, in :mod:`.framing`'s layout,
+``PACK_MAGIC``, a JSON list of ``[name, dtype, shape, offset]`` as header, and the
+arrays' bytes (no pickle: it comes from the network). :func:`from_array_record` also reads a
 record of one Array per name.
 """
 
@@ -33,49 +33,37 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from flwr.common.constant import SType
 
 from ..algorithms.base import Arrays
+from . import framing
 
 SIG, SIGSHAPE = "sig.", "sigshape."
 
 
 PACKED = "packed"
 PACK_MAGIC = b"FGARRS1\0"
-_ALIGN = 64
-_LEN = struct.Struct("<Q")
 
 
 def pack_arrays(arrays: Arrays) -> bytes:
     """Named numpy arrays as one byte string (see the module docstring)."""
-    layout, offset = [], 0
     values = [np.asarray(v) for v in arrays.values()]
     values = [v if v.flags.c_contiguous else v.copy(order="C") for v in values]  # keeps 0-d
     for name, v in zip(arrays, values):
         if v.dtype.hasobject:
             raise TypeError(f"array {name!r} has dtype object")
-        layout.append([str(name), v.dtype.str, list(v.shape), offset])
-        offset += -(-v.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps(layout).encode()
-    start = -(-(len(PACK_MAGIC) + _LEN.size + len(header)) // _ALIGN) * _ALIGN
-    out = bytearray(start + offset)
-    out[:len(PACK_MAGIC)] = PACK_MAGIC
-    out[len(PACK_MAGIC):len(PACK_MAGIC) + _LEN.size] = _LEN.pack(len(header))
-    out[len(PACK_MAGIC) + _LEN.size:len(PACK_MAGIC) + _LEN.size + len(header)] = header
-    for (_, _, _, off), v in zip(layout, values):
-        out[start + off:start + off + v.nbytes] = v.reshape(-1).view(np.uint8).data
-    return bytes(out)
+    where, _ = framing.offsets(v.nbytes for v in values)
+    layout = [[str(name), v.dtype.str, list(v.shape), off]
+              for name, v, off in zip(arrays, values, where)]
+    return framing.write(PACK_MAGIC, json.dumps(layout).encode(),
+                         [v.reshape(-1).view(np.uint8).data for v in values])
 
 
 def unpack_arrays(blob: bytes | memoryview) -> Arrays:
     """The arrays :func:`pack_arrays` wrote, writable and independent of ``blob``."""
-    view = memoryview(blob)
-    if bytes(view[:len(PACK_MAGIC)]) != PACK_MAGIC:
+    framed = framing.read(blob, PACK_MAGIC)
+    if framed is None:
         raise ValueError("not a packed array record")
-    (n,) = _LEN.unpack_from(view, len(PACK_MAGIC))
-    begin = len(PACK_MAGIC) + _LEN.size
-    layout = json.loads(bytes(view[begin:begin + n]))
-    start = -(-(begin + n) // _ALIGN) * _ALIGN
-    data = bytearray(view[start:])  # one copy; the arrays are views of it
+    header, data = framed  # one copy; the arrays are views of it
     out: Arrays = {}
-    for name, dtype, shape, offset in layout:
+    for name, dtype, shape, offset in json.loads(bytes(header)):
         dt = np.dtype(dtype)
         if dt.hasobject:
             raise ValueError(f"array {name!r}: dtype {dtype} not allowed")

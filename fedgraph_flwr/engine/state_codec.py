@@ -5,9 +5,9 @@ message under ``client-state=context`` and is written every round under
 ``client-state=file``. ``torch.save``/``torch.load`` take ~7 ms each for FedAux's
 10.5 MB; this codec is a copy of the tensors' bytes into one buffer and back.
 
-Layout: ``MAGIC``, a little-endian uint64 ``n``, ``n`` bytes of pickled *skeleton* (the
-state with every tensor replaced by a :class:`TensorRef`; numpy arrays are stored as
-tensors), then each tensor's raw bytes at 64-byte-aligned offsets. The skeleton holds
+Layout (:mod:`.framing`): ``MAGIC``, then as header the pickled *skeleton* (the state
+with every tensor replaced by a :class:`TensorRef`; numpy arrays are stored as
+tensors), then each tensor's raw bytes. The skeleton holds
 only dicts, lists, tuples, numbers, strings, bytes, None and TensorRefs (anything else
 is refused when encoding), and :func:`decode` unpickles it with an
 unpickler that refuses every other class. Blobs without ``MAGIC`` (written by
@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import io
 import pickle
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from . import framing
+
 MAGIC = b"FGSTATE1"
-ALIGN = 64
-_HEADER = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,11 @@ class _SkeletonUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"client state: {module}.{name} is not allowed")
 
 
+def _tensor_bytes(t: torch.Tensor) -> memoryview | bytes:
+    """A contiguous CPU tensor's bytes, any dtype (bfloat16 too)."""
+    return t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
+
+
 def encode(state: Any) -> bytes:
     """``state`` (nested dicts/lists/tuples of tensors and plain values) as bytes."""
     tensors: list[torch.Tensor] = []
@@ -60,7 +64,7 @@ def encode(state: Any) -> bytes:
             ref = TensorRef(offset, t.numel() * t.element_size(), str(t.dtype).removeprefix("torch."),
                             tuple(t.shape), bool(obj.requires_grad))
             tensors.append(t)
-            offset += -(-ref.nbytes // ALIGN) * ALIGN
+            offset += framing.aligned(ref.nbytes)
             return ref
         if isinstance(obj, dict):
             return {k: strip(v) for k, v in obj.items()}
@@ -78,38 +82,22 @@ def encode(state: Any) -> bytes:
                         f"(tensors, arrays, dicts, lists, tuples and plain values only)")
 
     skeleton = pickle.dumps(strip(state), protocol=5)
-    start = len(MAGIC) + _HEADER.size + len(skeleton)
-    start = -(-start // ALIGN) * ALIGN
-    out = bytearray(start + offset)
-    out[:len(MAGIC)] = MAGIC
-    out[len(MAGIC):len(MAGIC) + _HEADER.size] = _HEADER.pack(len(skeleton))
-    out[len(MAGIC) + _HEADER.size:len(MAGIC) + _HEADER.size + len(skeleton)] = skeleton
-    view = memoryview(out)
-    pos = start
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if nbytes:
-            # bytes of any dtype (bfloat16 too): view as uint8 through torch
-            view[pos:pos + nbytes] = t.reshape(-1).view(torch.uint8).numpy().data
-        pos += -(-nbytes // ALIGN) * ALIGN
-    return bytes(out)
+    return framing.write(MAGIC, skeleton, [_tensor_bytes(t) for t in tensors])
 
 
 def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "cpu") -> Any:
     """The state :func:`encode` wrote (or an older ``torch.save`` blob), on ``device``.
 
-    Tensors on CPU share one private, writable copy of the blob's tensor bytes.
+    Tensors on CPU share one private, writable copy of the blob's tensor bytes: the
+    optimizer and model load_state_dict may keep them as their own storage and update
+    them in place, so they must not alias the caller's bytes.
     """
-    blob = memoryview(blob)
-    if bytes(blob[:len(MAGIC)]) != MAGIC:
+    framed = framing.read(blob, MAGIC)
+    if framed is None:
         return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
-    (n,) = _HEADER.unpack_from(blob, len(MAGIC))
-    begin = len(MAGIC) + _HEADER.size
-    skeleton = _SkeletonUnpickler(io.BytesIO(blob[begin:begin + n])).load()
-    start = -(-(begin + n) // ALIGN) * ALIGN
-    # One copy: the optimizer and model load_state_dict may keep these tensors as their
-    # own storage and update them in place, so they must not alias the caller's bytes.
-    raw = torch.frombuffer(bytearray(blob[start:]), dtype=torch.uint8) if len(blob) > start else None
+    header, data = framed
+    skeleton = _SkeletonUnpickler(io.BytesIO(header)).load()
+    raw = torch.frombuffer(data, dtype=torch.uint8) if data else None
 
     def build(obj: Any) -> Any:
         if isinstance(obj, TensorRef):
@@ -129,4 +117,3 @@ def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "c
         return obj
 
     return build(skeleton)
-
