@@ -70,7 +70,6 @@ PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
 PARTITION_SPLITS = ("auto", "global", "per-client")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
-METIS_LIBRARIES = ("pymetis", "system")  # mirrors data.partition.METIS_LIBRARIES (a test checks)
 
 
 class ConfigError(ValueError):
@@ -180,6 +179,8 @@ def validate(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"
         )
+    from .data.partition import METIS_LIBRARIES
+
     if config["metis-library"] not in METIS_LIBRARIES:
         raise ConfigError(f"unknown metis-library {config['metis-library']!r}; "
                           f"valid: {', '.join(METIS_LIBRARIES)}")

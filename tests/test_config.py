@@ -71,9 +71,3 @@ def test_types_are_coerced():
     cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
     assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
 
-
-def test_metis_library_choices_match_the_partitioner():
-    from fedgraph_flwr.config import METIS_LIBRARIES
-    from fedgraph_flwr.data.partition import METIS_LIBRARIES as PARTITIONER
-
-    assert METIS_LIBRARIES == PARTITIONER
