@@ -135,3 +135,77 @@ def test_serverapp_retries_reply_objects_sooner(monkeypatch):
     monkeypatch.setitem(defaults, "backoff_cap", defaults["backoff_cap"])
     server_app.retry_reply_objects_sooner()
     assert (defaults["initial_backoff"], defaults["backoff_cap"]) == server_app.REPLY_PULL_BACKOFF
+
+
+def test_supernode_waits_on_its_own_state_briefly(monkeypatch):
+    """Flower's 3 s idle wait polls the SuperLink: capped at the poll interval. Its 0.5 s
+    waits check the SuperNode's own in-memory state for a ClientApp's reply: capped at
+    LOCAL_WAIT."""
+    from fedgraph_flwr.engine import fast_poll_supernode as fps
+
+    slept: list[float] = []
+    monkeypatch.setattr(fps.time, "sleep", slept.append)
+    capped = fps.CappedSleepTime(0.2)
+    capped.sleep(3)
+    capped.sleep(0.5)
+    capped.sleep(0.001)
+    assert slept == [0.2, fps.LOCAL_WAIT, 0.001]
+
+
+# --- what a forked ClientApp no longer repeats for every message ------------------------
+def test_child_installs_each_fab_once(tmp_path, monkeypatch):
+    """run_clientapp installs the run's FAB for every message; after the first install
+    of the same bytes the child returns the installed folder without unzipping again,
+    and installs again when that folder is gone or the FAB differs."""
+    from pathlib import Path
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    real_install = runtime.install_from_fab
+    installs: list[bytes] = []
+
+    def counting_install(fab_file, install_dir=None, skip_prompt=False):
+        installs.append(fab_file)
+        return real_install(fab_file, install_dir=install_dir, skip_prompt=skip_prompt)
+
+    monkeypatch.setattr(runtime, "install_from_fab", counting_install)  # restored after
+    fab = build_fab_from_disk(Path(__file__).resolve().parents[1])
+    fse._install_each_fab_once()
+
+    first = runtime.install_from_fab(fab, skip_prompt=True)
+    assert (first / "fedgraph_flwr" / "engine" / "client_app.py").is_file()
+    assert runtime.install_from_fab(fab, skip_prompt=True) == first
+    assert len(installs) == 1
+
+    import shutil
+
+    shutil.rmtree(first)
+    assert runtime.install_from_fab(fab, skip_prompt=True) == first
+    assert first.is_dir() and len(installs) == 2
+
+
+def test_fork_server_compiles_message_passing_once():
+    """After compile_message_passing_templates() (the fork server does it before
+    serving), building the layers writes no new PyG template file."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import glob, tempfile, os
+        from fedgraph_flwr.engine import forking_superexec as fse
+        names = fse.compile_message_passing_templates()
+        pattern = os.path.join(tempfile.gettempdir(), "*_propagate_*.py")
+        before = set(glob.glob(pattern))
+        from torch_geometric.nn import GCNConv, SAGEConv, SGConv
+        from fedgraph_flwr.nn.masked import MaskedGCNConv
+        for layer in (GCNConv(5, 3), MaskedGCNConv(5, 3), SGConv(5, 3, K=2), SAGEConv(5, 3)):
+            assert "_jinja_propagate" in type(layer).__dict__, type(layer).__name__
+        assert set(glob.glob(pattern)) == before
+        print(",".join(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "GCNConv,MaskedGCNConv,SGConv,SAGEConv"

@@ -10,10 +10,12 @@ its objects (the model): the SuperNode's first object pull then fails and it bac
 Flower's 1 s, then 2 s, ... before it retries.
 
 This command is Flower's own ``flower-supernode`` (same flags, same protocol, same
-code) with those three waits capped at ``--poll-interval`` seconds (default 0.2) and
-the object-pull backoff starting at that interval (capped at 1 s instead of 10 s).
-Nothing else changes. The cost is more requests to the SuperLink while idle (one per
-node per interval, each a small Fleet API call), which is why it is a flag.
+code) with the idle wait capped at ``--poll-interval`` seconds (default 0.2), the
+object-pull backoff starting at that interval (capped at 1 s instead of 10 s), and the
+0.5 s waits for its ClientApp's reply capped at 10 ms (those check the SuperNode's own
+in-memory state, not the SuperLink). Nothing else changes. The cost is more requests to
+the SuperLink while idle (one per node per interval, each a small Fleet API call),
+which is why it is a flag.
 """
 
 from __future__ import annotations
@@ -25,22 +27,28 @@ import time
 from collections.abc import Sequence
 
 DEFAULT_POLL_INTERVAL = 0.2
+#: Longest wait between checks of the SuperNode's own state for a ClientApp's reply.
+LOCAL_WAIT = 0.01
 #: The module whose ``time.sleep`` calls are the SuperNode's poll waits.
 SUPERNODE_LOOP_MODULE = "flwr.supernode.start_client_internal"
 
 
 class CappedSleepTime:
-    """Stands in for the ``time`` module inside the SuperNode loop module:
-    ``sleep(s)`` sleeps ``min(s, cap)``; every other attribute is ``time``'s."""
+    """Stands in for the ``time`` module inside the SuperNode loop module. Its waits of
+    a second or more are idle polls of the SuperLink (a network request each): capped at
+    ``cap``. Shorter ones (Flower's 0.5 s) wait on the SuperNode's own in-memory state for
+    its ClientApp's reply and that reply's objects: capped at ``local_cap``, since each
+    check is a dictionary lookup. Every other attribute is ``time``'s."""
 
-    def __init__(self, cap: float) -> None:
+    def __init__(self, cap: float, local_cap: float = LOCAL_WAIT) -> None:
         self.cap = cap
+        self.local_cap = local_cap
 
     def __getattr__(self, name: str):
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(min(seconds, self.cap))
+        time.sleep(min(seconds, self.cap if seconds >= 1.0 else self.local_cap))
 
 
 def cap_supernode_polls(cap: float) -> None:

@@ -55,6 +55,7 @@ class PersonalizedStrategy(Strategy):
         self._round_wait = float("nan")
         self._sent_bytes: dict[int, int] = {}
         self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
+        self._fastest_reply = 0.0  # seconds until the first reply of the last exchange
 
     # --- phases ---------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -154,12 +155,22 @@ class PersonalizedStrategy(Strategy):
 
         Flower's ``send_and_receive`` sleeps 0.1-3 s between polls, which would
         dominate a round on small graphs; this loop starts at 2 ms and backs off.
+        Against a real SuperLink every push, poll and object is one request to a
+        single process, so: each message is pushed on its own (a SuperNode fetches its
+        model while the next one uploads, instead of all of them retrying until the
+        last upload ends), and the first poll waits for 70% of the last exchange's
+        fastest reply (no reply comes much sooner; earlier polls only add requests).
         """
         t0 = time.perf_counter()
-        pending = set(grid.push_messages(messages))
+        pending: set[str] = set()
+        for message in messages:
+            pending.update(grid.push_messages([message]))
         replies: list[Message] = []
         self._reply_wait = {}
         deadline = time.time() + timeout
+        first_poll = min(0.7 * self._fastest_reply, timeout) - (time.perf_counter() - t0)
+        if pending and first_poll > 0:
+            time.sleep(first_poll)
         pause = 0.002
         while pending and time.time() < deadline:
             got = list(grid.pull_messages(pending))
@@ -171,6 +182,8 @@ class PersonalizedStrategy(Strategy):
             if pending and not got:
                 time.sleep(pause)
                 pause = min(pause * 1.5, 0.05)
+        if self._reply_wait:
+            self._fastest_reply = min(self._reply_wait.values())
         return replies, pending
 
     def aggregate_train(

@@ -1,0 +1,76 @@
+"""PersonalizedStrategy.exchange: how often it asks the SuperLink, not what it trains.
+
+Against a real SuperLink each push, poll and object is one request to one process (the
+deployment's bottleneck on small graphs), so the loop pushes each message on its own and
+holds its first poll until 70% of the last exchange's fastest reply. The grid below
+answers like Flower's: push_messages returns ids, pull_messages the replies that are in
+(the loop reads only a reply's ``metadata.reply_to_message_id`` and ``src_node_id``).
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.engine.strategy import PersonalizedStrategy
+
+
+class TimedGrid:
+    """Replies to message ``i`` become available ``delays[i]`` s after it was pushed."""
+
+    def __init__(self, delays: list[float]) -> None:
+        self.delays = delays
+        self.pushed: list[list[str]] = []
+        self.due: dict[str, float] = {}
+        self.polls: list[float] = []
+        self.t0 = time.perf_counter()
+
+    def push_messages(self, messages):
+        ids = []
+        for _ in messages:
+            mid = f"m{len(self.due)}"
+            self.due[mid] = time.perf_counter() + self.delays[len(self.due)]
+            ids.append(mid)
+        self.pushed.append(ids)
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.perf_counter()
+        self.polls.append(now - self.t0)
+        out = []
+        for mid in message_ids:
+            if self.due[mid] <= now:
+                out.append(SimpleNamespace(metadata=SimpleNamespace(
+                    reply_to_message_id=mid, src_node_id=int(mid[1:]) + 1)))
+        return out
+
+
+def _messages(n: int) -> list[object]:
+    return [object() for _ in range(n)]
+
+
+def test_each_message_is_pushed_alone_and_first_polls_wait():
+    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
+    first = TimedGrid([0.30, 0.35, 0.40])
+    replies, pending = strategy.exchange(first, _messages(3), timeout=10)
+    assert len(replies) == 3 and not pending
+    assert first.pushed == [["m0"], ["m1"], ["m2"]]
+    assert first.polls[0] < 0.05  # nothing learnt yet: poll at once
+    assert 0.28 <= strategy._fastest_reply < 0.45
+
+    second = TimedGrid([0.30, 0.35, 0.40])
+    replies, pending = strategy.exchange(second, _messages(3), timeout=10)
+    assert len(replies) == 3 and not pending
+    assert second.polls[0] >= 0.7 * 0.28  # held back: no reply could be in yet
+    assert len(second.polls) < len(first.polls)
+
+
+def test_timeout_still_bounds_the_first_wait():
+    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
+    strategy._fastest_reply = 30.0
+    grid = TimedGrid([100.0])
+    t0 = time.perf_counter()
+    replies, pending = strategy.exchange(grid, _messages(1), timeout=0.2)
+    assert not replies and pending == {"m0"}
+    assert time.perf_counter() - t0 < 2.0
