@@ -186,7 +186,7 @@ def test_child_installs_each_fab_once(tmp_path, monkeypatch):
     assert first.is_dir() and len(installs) == 2
 
 
-def test_fork_server_compiles_message_passing_once():
+def test_fork_server_compiles_message_passing_once(tmp_path):
     """After compile_message_passing_templates() (the fork server does it before
     serving), building the layers writes no new PyG template file."""
     import subprocess
@@ -199,6 +199,7 @@ def test_fork_server_compiles_message_passing_once():
         names = fse.compile_message_passing_templates()
         pattern = os.path.join(tempfile.gettempdir(), "*_propagate_*.py")
         before = set(glob.glob(pattern))
+        assert len(before) >= len(names), before  # PyG writes its templates here
         from torch_geometric.nn import GCNConv, SAGEConv, SGConv
         from fedgraph_flwr.nn.masked import MaskedGCNConv
         for layer in (GCNConv(5, 3), MaskedGCNConv(5, 3), SGConv(5, 3, K=2), SAGEConv(5, 3)):
@@ -206,6 +207,8 @@ def test_fork_server_compiles_message_passing_once():
         assert set(glob.glob(pattern)) == before
         print(",".join(names))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # only this process's template files
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "GCNConv,MaskedGCNConv,SGConv,SAGEConv"
