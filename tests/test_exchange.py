@@ -74,3 +74,22 @@ def test_timeout_still_bounds_the_first_wait():
     replies, pending = strategy.exchange(grid, _messages(1), timeout=0.2)
     assert not replies and pending == {"m0"}
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_a_slow_round_does_not_hold_back_the_next_ones():
+    """After a slow exchange (say round 1, with the clients' data loading) the first poll
+    waits at most FIRST_POLL_MAX; replies already in at that poll halve the next wait."""
+    from fedgraph_flwr.engine import strategy as strategy_module
+
+    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
+    strategy._fastest_reply = 20.0
+    grid = TimedGrid([0.05, 0.05])
+    replies, pending = strategy.exchange(grid, _messages(2), timeout=10)
+    assert len(replies) == 2 and not pending
+    assert strategy_module.FIRST_POLL_MAX <= grid.polls[0] < strategy_module.FIRST_POLL_MAX + 0.5
+    assert len(grid.polls) == 1
+    assert strategy._fastest_reply < 0.6 * grid.polls[0]
+
+    grid = TimedGrid([0.05, 0.05])
+    strategy.exchange(grid, _messages(2), timeout=10)
+    assert grid.polls[0] < 0.45  # 0.7 x the halved estimate, not another full second

@@ -14,8 +14,9 @@ Other task types (ServerApp, simulation) are launched as Flower does, by
 subprocess. Forking after importing torch is safe on Linux; on macOS (whose system
 frameworks are not fork-safe) and Windows use ``flower-superexec``.
 
-Fork safety: the parent only imports (no torch op runs, CUDA is never initialised,
-so its thread pools and the GPU context are created in each child). The child drops
+Fork safety: the parent only imports and builds four 1x1 PyG layers (to compile their
+templates; single-number parameter init, no parallel torch op, CUDA never initialised,
+so the thread pools and the GPU context are created in each child). The child drops
 the exit handlers it inherited (they close the parent's Runtime API connection) and
 re-creates the telemetry lock a parent thread might have held at fork time.
 """

@@ -40,6 +40,11 @@ class RunAborted(RuntimeError):
     """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason."""
 
 
+#: The first poll for replies waits this fraction of the last exchange's fastest reply,
+#: and never longer than FIRST_POLL_MAX seconds.
+FIRST_POLL_FRACTION = 0.7
+FIRST_POLL_MAX = 1.0
+
 class PersonalizedStrategy(Strategy):
     """Sends each client its own model; delegates the maths to a registered aggregator."""
 
@@ -159,7 +164,8 @@ class PersonalizedStrategy(Strategy):
         single process, so: each message is pushed on its own (a SuperNode fetches its
         model while the next one uploads, instead of all of them retrying until the
         last upload ends), and the first poll waits for 70% of the last exchange's
-        fastest reply (no reply comes much sooner; earlier polls only add requests).
+        fastest reply, at most 1 s (no reply comes much sooner; earlier polls only add
+        requests).
         """
         t0 = time.perf_counter()
         pending: set[str] = set()
@@ -168,12 +174,16 @@ class PersonalizedStrategy(Strategy):
         replies: list[Message] = []
         self._reply_wait = {}
         deadline = time.time() + timeout
-        first_poll = min(0.7 * self._fastest_reply, timeout) - (time.perf_counter() - t0)
-        if pending and first_poll > 0:
-            time.sleep(first_poll)
+        first_poll = min(FIRST_POLL_FRACTION * self._fastest_reply, FIRST_POLL_MAX, timeout)
+        if pending and first_poll > time.perf_counter() - t0:
+            time.sleep(first_poll - (time.perf_counter() - t0))
         pause = 0.002
+        polls = 0
+        in_at_first_poll = False
         while pending and time.time() < deadline:
             got = list(grid.pull_messages(pending))
+            polls += 1
+            in_at_first_poll |= polls == 1 and bool(got)
             now = time.perf_counter() - t0
             for msg in got:
                 pending.discard(msg.metadata.reply_to_message_id)
@@ -183,7 +193,11 @@ class PersonalizedStrategy(Strategy):
                 time.sleep(pause)
                 pause = min(pause * 1.5, 0.05)
         if self._reply_wait:
-            self._fastest_reply = min(self._reply_wait.values())
+            # A reply already in at the first poll came at an unknown time before it (a
+            # slow round, e.g. the first with its data loading, must not hold back the
+            # next ones): aim lower next time.
+            fastest = min(self._reply_wait.values())
+            self._fastest_reply = fastest / 2 if in_at_first_poll else fastest
         return replies, pending
 
     def aggregate_train(
