@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from ..algorithms.base import Config
 from ..config import ConfigError, default_run_name
@@ -39,6 +40,9 @@ logger = logging.getLogger("fedgraph_flwr")
 class RunAborted(RuntimeError):
     """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason."""
 
+
+#: In simulation, seconds the SuperNode count must hold still before it is taken as final.
+SIMULATION_SETTLE_S = 3.0
 
 #: The first poll for replies waits this fraction of the last exchange's fastest reply,
 #: and never longer than FIRST_POLL_MAX seconds.
@@ -64,13 +68,26 @@ class PersonalizedStrategy(Strategy):
 
     # --- phases ---------------------------------------------------------------------
     def wait_for_nodes(self, grid: Grid) -> list[int]:
-        """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise."""
+        """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
+
+        A deployment's SuperNodes may join over minutes (``handshake-timeout``). A
+        simulation registers all of its SuperNodes at start, so once some are there and
+        their number has not changed for ``SIMULATION_SETTLE_S`` no more will come: a
+        federation of the wrong size fails within seconds, not after the timeout.
+        """
         want = int(self.config["num-clients"])
         deadline = time.time() + float(self.config["handshake-timeout"])
+        simulated = isinstance(grid, InMemoryGrid)
         nodes = list(grid.get_node_ids())
+        changed = time.time()
         while len(nodes) < want and time.time() < deadline:
+            if simulated and nodes and time.time() - changed > SIMULATION_SETTLE_S:
+                break
             time.sleep(0.2)
-            nodes = list(grid.get_node_ids())
+            current = list(grid.get_node_ids())
+            if len(current) != len(nodes):
+                changed = time.time()
+            nodes = current
         if len(nodes) != want:
             raise RunAborted(
                 f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
