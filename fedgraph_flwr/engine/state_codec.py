@@ -66,12 +66,6 @@ def encode(state: Any) -> bytes:
             tensors.append(t)
             offset += framing.aligned(ref.nbytes)
             return ref
-        if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [strip(v) for v in obj]
-        if isinstance(obj, tuple):
-            return tuple(strip(v) for v in obj)
         if isinstance(obj, np.ndarray):
             return strip(torch.from_numpy(obj.copy(order="C") if not obj.flags.c_contiguous else obj))
         if isinstance(obj, np.generic):
@@ -81,7 +75,7 @@ def encode(state: Any) -> bytes:
         raise TypeError(f"client state: cannot store a {type(obj).__name__} "
                         f"(tensors, arrays, dicts, lists, tuples and plain values only)")
 
-    skeleton = pickle.dumps(strip(state), protocol=5)
+    skeleton = pickle.dumps(_map_leaves(state, strip), protocol=5)
     return framing.write(MAGIC, skeleton, [_tensor_bytes(t) for t in tensors])
 
 
@@ -108,12 +102,17 @@ def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "c
                 t = raw[obj.offset:obj.offset + obj.nbytes].view(dtype).view(obj.shape)
             t = t.to(device)
             return t.requires_grad_(True) if obj.requires_grad else t
-        if isinstance(obj, dict):
-            return {k: build(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [build(v) for v in obj]
-        if isinstance(obj, tuple):
-            return tuple(build(v) for v in obj)
         return obj
 
-    return build(skeleton)
+    return _map_leaves(skeleton, build)
+
+
+def _map_leaves(obj: Any, leaf: Any) -> Any:
+    """``obj`` with the same dicts, lists and tuples, and ``leaf(x)`` for everything else."""
+    if isinstance(obj, dict):
+        return {k: _map_leaves(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_leaves(v, leaf) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_map_leaves(v, leaf) for v in obj)
+    return leaf(obj)
