@@ -344,6 +344,8 @@ def test_training_is_deterministic_and_learns():
     {"fedaux-variant": "hard", "fedaux-hard-kernel": 5},
     {"fedaux-score": "maxnorm", "fedaux-apv-init": "uniform"},
     {"fedaux-kernel": "chunked"},
+    {"fedaux-head": "mlp", "fedaux-classifier-init": "xavier"},
+    {"fedaux-head": "mlp", "fedaux-masked": False},
 ])
 def test_variants_train_and_update_the_apv(overrides):
     cfg = make_config(**overrides)
@@ -362,6 +364,48 @@ def test_hard_sort_conv_is_permutation_equivariant():
     h, s = torch.randn(20, 4), torch.randn(20)
     perm = torch.randperm(20)
     assert torch.allclose(layer(h[perm], s[perm]), layer(h, s)[perm], atol=1e-6)
+
+
+def test_classifier_heads_and_inits():
+    """linear head 2d'->C or the paper's MLP (2d'->d'->C); xavier inits the bias too."""
+    torch.manual_seed(0)
+    linear = FedAuxNet(8, 16, 3)
+    assert tuple(linear.classifier.weight.shape) == (3, 32)
+    # nn.Linear's default bound for the bias is 1/sqrt(32) ~ 0.18
+    assert linear.classifier.bias.abs().max() <= 32 ** -0.5
+    mlp = FedAuxNet(8, 16, 3, head="mlp", masked=True)
+    names = {n for n, _ in mlp.named_parameters() if n.startswith("classifier")}
+    assert names == {"classifier.0.weight", "classifier.0.mask", "classifier.0.bias",
+                     "classifier.3.weight", "classifier.3.mask", "classifier.3.bias"}
+    torch.manual_seed(0)
+    wide_c = FedAuxNet(8, 16, 40, classifier_init="xavier")
+    # FED-PUB: Xavier on a [1, C] bias, bound sqrt(6 / (1 + C)); on the weight sqrt(6 / (2d' + C))
+    assert wide_c.classifier.bias.abs().max() > 32 ** -0.5
+    assert wide_c.classifier.bias.abs().max() <= (6 / 41) ** 0.5
+    assert wide_c.classifier.weight.abs().max() <= (6 / (32 + 40)) ** 0.5
+    assert torch.equal(wide_c.classifier.mask, torch.ones(40, 32))
+    data = random_graph()
+    assert mlp(data.x, data.edge_index).shape == (data.num_nodes, 3)
+    with pytest.raises(ValueError, match="fedaux-head"):
+        FedAuxNet(8, 16, 3, head="deep")
+    with pytest.raises(ValueError, match="fedaux-classifier-init"):
+        FedAuxNet(8, 16, 3, classifier_init="he")
+
+
+def test_default_classifier_init_draws_as_before():
+    """classifier-init=torch draws exactly what the layers draw (no re-initialisation),
+    so a seed gives the same model, and the same numbers, as before the switch existed."""
+    torch.manual_seed(7)
+    net = FedAuxNet(8, 16, 3)
+    after_net = torch.get_rng_state()
+    torch.manual_seed(7)
+    MaskedGCNConv(8, 16, cached=True)
+    MaskedGCNConv(16, 16, cached=True)
+    head = MaskedLinear(32, 3)
+    apv = torch.empty(16).normal_()
+    assert torch.equal(torch.get_rng_state(), after_net)
+    assert torch.equal(net.classifier.weight, head.weight)
+    assert torch.equal(net.apv, apv)
 
 
 def test_net_uses_kernel_output():

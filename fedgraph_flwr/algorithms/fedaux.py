@@ -40,6 +40,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "fedaux-dense-max-nodes": 4096,  # auto: dense kernel up to this many nodes, chunked above
     "fedaux-apv-init": "normal",  # normal N(0, I) (paper) | uniform U(0, 1) (code)
     "fedaux-hard-kernel": 3,  # Conv1D kernel size of the hard variant (odd)
+    "fedaux-head": "linear",  # linear 2d'->C (reference code) | mlp (paper's "simple MLP")
+    "fedaux-classifier-init": "torch",  # torch (nn.Linear default) | xavier (reference code)
     "fedaux-alpha": 10.0,  # softmax temperature of the server's mixing weights
     "fedaux-server": "personalized",  # personalized (Eq. 7-8) | average (FedAvg_mask)
 }
@@ -72,6 +74,8 @@ class FedAuxTrainer(SupervisedTrainer):
             dense_max_nodes=int(_opt(config, "fedaux-dense-max-nodes")),
             apv_init=str(_opt(config, "fedaux-apv-init")),
             hard_kernel_size=int(_opt(config, "fedaux-hard-kernel")),
+            head=str(_opt(config, "fedaux-head")),
+            classifier_init=str(_opt(config, "fedaux-classifier-init")),
         )
 
     def signature(self) -> Arrays:

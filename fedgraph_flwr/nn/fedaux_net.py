@@ -1,4 +1,4 @@
-"""The FedAux client model: (masked) 2-layer GCN, APV soft-sorting branch, linear head.
+"""The FedAux client model: (masked) 2-layer GCN, APV soft-sorting branch, classifier head.
 
 Forward (spec §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
 
@@ -8,8 +8,15 @@ Forward (spec §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
       | unsort(Conv1D(sort(s ⊙ h)))                                    (variant "hard")
     logits = classifier([h ‖ z])                             [N, C]
 
-Parameter names: ``conv{1,2}.*``, ``apv`` [d'], ``classifier.*``, ``hard_conv.*``
-(hard variant only); in the masked variant every mask is called ``*.mask``.
+The classifier is one linear layer 2d' -> C (``head="linear"``, the reference code) or
+the paper's "simple MLP" (``head="mlp"``: 2d' -> d', ReLU, dropout, d' -> C, the
+two-layer head left commented out in the reference code). ``classifier_init="xavier"``
+initialises the head as FED-PUB's ``MaskedLinear`` does (Xavier-uniform weight *and*
+bias, the bias as a [1, C] matrix); ``"torch"`` keeps ``nn.Linear``'s default.
+
+Parameter names: ``conv{1,2}.*``, ``apv`` [d'], ``classifier.*`` (``classifier.0.*``
+and ``classifier.3.*`` for the MLP head), ``hard_conv.*`` (hard variant only); in the
+masked variant every mask is called ``*.mask``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from .masked import MaskedGCNConv, MaskedLinear
 
 VARIANTS = ("soft", "hard")
 APV_INITS = ("normal", "uniform")
+HEADS = ("linear", "mlp")
+CLASSIFIER_INITS = ("torch", "xavier")
 
 
 class FedAuxNet(nn.Module):
@@ -43,6 +52,8 @@ class FedAuxNet(nn.Module):
         dense_max_nodes: int = 4096,
         apv_init: str = "normal",
         hard_kernel_size: int = 3,
+        head: str = "linear",
+        classifier_init: str = "torch",
     ) -> None:
         super().__init__()
         if variant not in VARIANTS:
@@ -53,6 +64,11 @@ class FedAuxNet(nn.Module):
             raise ValueError(f"unknown fedaux-kernel {kernel_impl!r}; valid: {', '.join(KERNEL_IMPLS)}")
         if apv_init not in APV_INITS:
             raise ValueError(f"unknown fedaux-apv-init {apv_init!r}; valid: {', '.join(APV_INITS)}")
+        if head not in HEADS:
+            raise ValueError(f"unknown fedaux-head {head!r}; valid: {', '.join(HEADS)}")
+        if classifier_init not in CLASSIFIER_INITS:
+            raise ValueError(f"unknown fedaux-classifier-init {classifier_init!r}; "
+                             f"valid: {', '.join(CLASSIFIER_INITS)}")
         if sigma <= 0:
             raise ValueError("fedaux-sigma must be > 0")
         self.dropout = dropout
@@ -62,6 +78,7 @@ class FedAuxNet(nn.Module):
         self.kernel_impl = kernel_impl
         self.dense_max_nodes = dense_max_nodes
         self.apv_init = apv_init
+        self.classifier_init = classifier_init
         # cached=True: a trainer only ever sees its own fixed subgraph.
         if masked:
             self.conv1 = MaskedGCNConv(in_channels, hidden_channels, cached=True)
@@ -71,9 +88,16 @@ class FedAuxNet(nn.Module):
             self.conv2 = GCNConv(hidden_channels, hidden_channels, cached=True)
         self.apv = nn.Parameter(torch.empty(hidden_channels))
         self.hard_conv = HardSortConv1d(hidden_channels, hard_kernel_size) if variant == "hard" else None
-        self.classifier = (MaskedLinear(2 * hidden_channels, num_classes) if masked
-                           else nn.Linear(2 * hidden_channels, num_classes))
+        linear = MaskedLinear if masked else nn.Linear
+        if head == "linear":
+            self.classifier = linear(2 * hidden_channels, num_classes)
+        else:
+            self.classifier = nn.Sequential(
+                linear(2 * hidden_channels, hidden_channels), nn.ReLU(), nn.Dropout(dropout),
+                linear(hidden_channels, num_classes))
         self.reset_apv()
+        if classifier_init != "torch":  # the layers' own init already is torch's default
+            self.reset_classifier()
 
     def reset_apv(self) -> None:
         """a ~ N(0, I) (paper) or U(0, 1) (reference code's MaskedGCN variants)."""
@@ -83,13 +107,25 @@ class FedAuxNet(nn.Module):
             else:
                 self.apv.uniform_()
 
+    def reset_classifier(self) -> None:
+        """``nn.Linear``'s default, or Xavier-uniform weight and [1, C]-shaped bias (FED-PUB)."""
+        for layer in self.classifier.modules():
+            if not isinstance(layer, (MaskedLinear, nn.Linear)):
+                continue
+            layer.reset_parameters()
+            if self.classifier_init == "xavier":
+                with torch.no_grad():
+                    nn.init.xavier_uniform_(layer.weight)
+                    # FED-PUB's bias is a [1, C] parameter: Xavier bound sqrt(6 / (1 + C)).
+                    nn.init.xavier_uniform_(layer.bias.view(1, -1))
+
     def reset_parameters(self) -> None:
         self.conv1.reset_parameters()
         self.conv2.reset_parameters()
         self.reset_apv()
         if self.hard_conv is not None:
             self.hard_conv.reset_parameters()
-        self.classifier.reset_parameters()
+        self.reset_classifier()
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """Post-ReLU, post-dropout node embeddings h [N, d']."""
