@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GCNConv
+
+
+def cached_gcn_conv(in_channels: int, out_channels: int) -> GCNConv:
+    # cached=True: a trainer only ever sees its own fixed subgraph.
+    return GCNConv(in_channels, out_channels, cached=True)
 
 
 class GCN(nn.Module):
@@ -13,7 +20,8 @@ class GCN(nn.Module):
 
     x [n, in_channels], edge_index [2, m] -> logits [n, out_channels].
     The last convolution is the classifier (named ``convs.{L-1}``), which is
-    the "head" FedPer keeps local.
+    the "head" FedPer keeps local. ``conv`` builds each layer from (in, out)
+    (default: a cached GCNConv; FedSpray's GraphSAGE backbone passes SAGEConv).
     """
 
     def __init__(
@@ -23,12 +31,13 @@ class GCN(nn.Module):
         out_channels: int,
         num_layers: int = 2,
         dropout: float = 0.5,
+        conv: Callable[[int, int], nn.Module] = cached_gcn_conv,
     ) -> None:
         super().__init__()
         if num_layers < 1:
             raise ValueError("num_layers must be >= 1")
         dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
-        self.convs = nn.ModuleList(GCNConv(a, b, cached=True) for a, b in zip(dims[:-1], dims[1:]))
+        self.convs = nn.ModuleList(conv(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = dropout
 
     def reset_parameters(self) -> None:

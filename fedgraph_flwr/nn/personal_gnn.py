@@ -1,8 +1,8 @@
 """FedSpray's personalized GNN f(θ^(k)): GCN, SGC or GraphSAGE; it never leaves its client.
 
-- ``gcn``:  GCNConv(d_x, h) -> ReLU -> dropout -> GCNConv(h, d_c) (``num_layers`` convs).
-  Built in the same order as :class:`fedgraph_flwr.nn.gcn.GCN`, so under the same seed both
-  start from the same weights (this is what makes FedSpray with λ1 = 0 equal Local).
+- ``gcn``:  GCNConv(d_x, h) -> ReLU -> dropout -> GCNConv(h, d_c) (``num_layers`` convs):
+  exactly :class:`fedgraph_flwr.nn.gcn.GCN`, so under the same seed both start from the
+  same weights (this is what makes FedSpray with λ1 = 0 equal Local).
 - ``sage``: the same stack with SAGEConv (mean aggregation, root weight; full batch).
 - ``sgc``:  one SGConv(d_x, d_c, K=num_layers): K-hop propagation then one linear layer;
   "two layers, hidden 64" in the paper means K = 2 with no hidden layer.
@@ -14,14 +14,14 @@ official code does (``param.data.uniform_()``); the default keeps PyG's initiali
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch_geometric.nn import GCNConv, SAGEConv, SGConv
+from torch_geometric.nn import SAGEConv, SGConv
+
+from .gcn import GCN, cached_gcn_conv
 
 BACKBONES = ("gcn", "sgc", "sage")
 
 
-class PersonalGNN(nn.Module):
+class PersonalGNN(GCN):
     """x [n, in_channels], edge_index [2, m] -> logits [n, out_channels]."""
 
     def __init__(
@@ -34,26 +34,22 @@ class PersonalGNN(nn.Module):
         dropout: float = 0.0,
         uniform_init: bool = False,
     ) -> None:
-        super().__init__()
         if backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {backbone!r}; valid: {', '.join(BACKBONES)}")
         if num_layers < 1:
             raise ValueError("num_layers must be >= 1")
-        self.backbone = backbone
-        self.dropout = dropout
-        self.uniform_init = uniform_init
         if backbone == "sgc":
-            # The graph is fixed for a trainer's lifetime: cache Â^K X.
-            self.convs = nn.ModuleList([SGConv(in_channels, out_channels, K=num_layers, cached=True)])
+            # One layer: GCN's forward is then just convs[0]. The graph is fixed for a
+            # trainer's lifetime, so Â^K X is cached.
+            super().__init__(in_channels, out_channels, out_channels, num_layers=1, dropout=dropout,
+                             conv=lambda a, b: SGConv(a, b, K=num_layers, cached=True))
         else:
-            dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
-            if backbone == "gcn":
-                convs = [GCNConv(a, b, cached=True) for a, b in zip(dims[:-1], dims[1:])]
-            else:
-                convs = [SAGEConv(a, b) for a, b in zip(dims[:-1], dims[1:])]
-            self.convs = nn.ModuleList(convs)
+            super().__init__(in_channels, hidden_channels, out_channels, num_layers=num_layers,
+                             dropout=dropout, conv=cached_gcn_conv if backbone == "gcn" else SAGEConv)
+        self.backbone = backbone
+        self.uniform_init = uniform_init
         # The convs initialised themselves on construction; only redraw for U[0,1)
-        # (a second PyG reset would consume RNG and break parity with nn.gcn.GCN).
+        # (a second PyG reset would consume RNG and break parity with GCN).
         if uniform_init:
             self._uniform_()
 
@@ -63,13 +59,6 @@ class PersonalGNN(nn.Module):
                 param.uniform_()
 
     def reset_parameters(self) -> None:
-        for conv in self.convs:
-            conv.reset_parameters()
+        super().reset_parameters()
         if self.uniform_init:
             self._uniform_()
-
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        for conv in self.convs[:-1]:
-            x = F.relu(conv(x, edge_index))
-            x = F.dropout(x, p=self.dropout, training=self.training)
-        return self.convs[-1](x, edge_index)
