@@ -41,7 +41,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "fedaux-apv-init": "normal",  # normal N(0, I) (paper) | uniform U(0, 1) (code)
     "fedaux-hard-kernel": 3,  # Conv1D kernel size of the hard variant (odd)
     "fedaux-head": "linear",  # linear 2d'->C (reference code) | mlp (paper's "simple MLP")
-    "fedaux-classifier-init": "torch",  # torch (nn.Linear default) | xavier (reference code)
+    "fedaux-classifier-init": "xavier",  # xavier (reference code, FED-PUB) | torch (nn.Linear)
     "fedaux-alpha": 10.0,  # softmax temperature of the server's mixing weights
     "fedaux-server": "personalized",  # personalized (Eq. 7-8) | average (FedAvg_mask)
 }
