@@ -40,7 +40,7 @@ from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.utils import stochastic_blockmodel_graph
 
-from ..nn.masked import MaskedGCNConv, MaskedLinear
+from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .supervised import SupervisedTrainer
 
@@ -52,9 +52,12 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "fedpub-l1": 1e-3,
     "fedpub-loc-l2": 1e-3,
     "fedpub-reg-grad": True,
+    # glorot weight, zero bias | xavier: weight and [1, C] bias as FED-PUB's MaskedLinear
+    "fedpub-classifier-init": "glorot",
 }
 
 MASK_KEY = "mask"
+CLASSIFIER_INITS = ("glorot", "xavier")
 
 
 class MaskedGCN(nn.Module):
@@ -66,7 +69,8 @@ class MaskedGCN(nn.Module):
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int = 2, dropout: float = 0.5, cached: bool = True) -> None:
+                 num_layers: int = 2, dropout: float = 0.5, cached: bool = True,
+                 classifier_init: str = "glorot") -> None:
         super().__init__()
         if num_layers < 1:
             raise ValueError("num_layers must be >= 1")
@@ -74,13 +78,21 @@ class MaskedGCN(nn.Module):
         self.convs = nn.ModuleList(
             MaskedGCNConv(a, b, cached=cached) for a, b in zip(dims[:-1], dims[1:])
         )
+        if classifier_init not in CLASSIFIER_INITS:
+            raise ValueError(f"unknown fedpub-classifier-init {classifier_init!r}; "
+                             f"valid: {', '.join(CLASSIFIER_INITS)}")
         self.classifier = MaskedLinear(hidden_channels, out_channels, weight_init="glorot")
+        self.classifier_init = classifier_init
+        if classifier_init == "xavier":
+            fedpub_xavier_(self.classifier)
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
         for conv in self.convs:
             conv.reset_parameters()
         self.classifier.reset_parameters()
+        if self.classifier_init == "xavier":
+            fedpub_xavier_(self.classifier)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, embed: bool = False) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
@@ -94,7 +106,9 @@ class MaskedGCN(nn.Module):
 def build_masked_gcn(num_features: int, num_classes: int, config: Config, cached: bool = True) -> MaskedGCN:
     return MaskedGCN(num_features, int(config["hidden"]), num_classes,
                      num_layers=int(config["num-layers"]), dropout=float(config["dropout"]),
-                     cached=cached)
+                     cached=cached,
+                     classifier_init=str(config.get("fedpub-classifier-init",
+                                                    CONFIG_DEFAULTS["fedpub-classifier-init"])))
 
 
 def _flag(value: Any) -> bool:

@@ -30,7 +30,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 
 from .apv_kernel import KERNEL_IMPLS, SCORE_MODES, HardSortConv1d, apv_scores, kernel_smooth
-from .masked import MaskedGCNConv, MaskedLinear
+from .masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
 
 VARIANTS = ("soft", "hard")
 APV_INITS = ("normal", "uniform")
@@ -117,10 +117,7 @@ class FedAuxNet(nn.Module):
                 continue
             layer.reset_parameters()
             if self.classifier_init == "xavier":
-                with torch.no_grad():
-                    nn.init.xavier_uniform_(layer.weight)
-                    # FED-PUB's bias is a [1, C] parameter: Xavier bound sqrt(6 / (1 + C)).
-                    nn.init.xavier_uniform_(layer.bias.view(1, -1))
+                fedpub_xavier_(layer)
 
     def reset_parameters(self) -> None:
         self.conv1.reset_parameters()

@@ -92,3 +92,13 @@ class MaskedGCNConv(GCNConv):
         self.lin = MaskedLinear(in_channels, out_channels, bias=False, weight_init="glorot",
                                 prune_threshold=prune_threshold)
         self.reset_parameters()
+
+
+def fedpub_xavier_(layer: nn.Module) -> None:
+    """Initialise a linear layer as FED-PUB's ``MaskedLinear``: Xavier-uniform weight, and
+    Xavier-uniform bias drawn as a [1, out] matrix (bound sqrt(6 / (1 + out)), up to ±0.87
+    for 7 classes), where ``nn.Linear`` keeps biases within ±1/sqrt(in)."""
+    with torch.no_grad():
+        nn.init.xavier_uniform_(layer.weight)
+        if layer.bias is not None:
+            nn.init.xavier_uniform_(layer.bias.view(1, -1))
