@@ -430,3 +430,23 @@ def test_fedprox_smoke_matches_fedavg_when_mu_zero():
     logavg, _ = run_rounds(GCNTrainer, FedAvgAggregator, cfg0)
     assert payloads_equal(log0[-1]["result"].payloads, logavg[-1]["result"].payloads)
     assert not payloads_equal(log[-1]["result"].payloads, logavg[-1]["result"].payloads)
+
+
+def test_fedpub_classifier_init_switch():
+    """glorot (default): zero bias, draws as before; xavier: FED-PUB's [1, C] Xavier bias."""
+    torch.manual_seed(0)
+    default = fedpub.MaskedGCN(8, 16, 7)
+    state = torch.get_rng_state()
+    assert torch.equal(default.classifier.bias, torch.zeros(7))
+    torch.manual_seed(0)
+    fedpub.MaskedGCN(8, 16, 7, classifier_init="glorot")
+    assert torch.equal(torch.get_rng_state(), state)
+    xavier = fedpub.MaskedGCN(8, 16, 7, classifier_init="xavier")
+    bias = xavier.classifier.bias.detach().clone()
+    assert bias.abs().max() > 0.1 and bias.abs().max() <= (6 / 8) ** 0.5
+    assert xavier.classifier.weight.abs().max() <= (6 / (16 + 7)) ** 0.5
+    xavier.reset_parameters()
+    assert not torch.equal(xavier.classifier.bias, bias)
+    assert xavier.classifier.bias.abs().max() > 0.1
+    with pytest.raises(ValueError, match="fedpub-classifier-init"):
+        fedpub.MaskedGCN(8, 16, 7, classifier_init="he")
