@@ -27,6 +27,10 @@ Code quirk: FED-PUB adds its L1 and proximal terms over ``model.state_dict()``,
 whose tensors are detached, so in the original code both terms change the
 reported loss but carry no gradient. ``fedpub-reg-grad=true`` (default)
 applies them as the paper describes; ``false`` reproduces the code (no-op).
+
+The code's ``MaskedLinear`` classifier draws its bias Xavier-uniform as a [1, C]
+matrix; ``fedpub-classifier-init=xavier`` does the same, the default ``glorot`` draws
+the same weight and a zero bias (on Cora-10 the two are within noise, README).
 """
 
 from __future__ import annotations
