@@ -19,7 +19,10 @@ and minority test accuracy per cell) and, with ``plot-x: <key>``, ``by_<key>.png
 ``algorithm|dataset|partition|num-clients``, plus ``|key=value`` for every other key in
 which runs of that cell differ (ablation switches).
 
-Cells whose ``results.json`` exists are skipped (resumable). ``--engine flower``
+Cells whose ``results.json`` exists are skipped (resumable), unless it was saved with a
+different config than the grid now resolves to (a default changed, or a switch added
+since whose default is not what the run did): such a run is moved under ``stale/`` and
+re-run. ``--engine flower``
 runs each cell as a Flower simulation; the default ``inprocess`` runs the same
 client and server code without messaging (identical numbers, see
 tests/test_engine.py), which is what a sweep on one machine wants.
@@ -107,8 +110,16 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             target = out / overrides["run-name"] / "results.json"
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
             if target.is_file():
-                progress.advance(cells)
-                continue
+                changed = stale_keys(json.loads(target.read_text())["config"],
+                                     resolve_config(None, overrides))
+                if not changed:
+                    progress.advance(cells)
+                    continue
+                moved = move_aside(target.parent, out / "stale")
+                progress.console.print(
+                    f"[yellow]{overrides['run-name']}: saved with different "
+                    f"{', '.join(changed)} than this grid now asks for; re-running "
+                    f"(old run kept in {moved})")
             total = int(resolve_config(None, overrides)["rounds"])
             progress.reset(rounds, total=total)
             done = {"n": 0}
@@ -147,6 +158,53 @@ def run_flower_cell(overrides: dict[str, Any]) -> None:
 
 # Config keys that never define a cell (they differ between seeds or machines).
 NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose")
+# Engine keys that change how a run is served, not its numbers.
+NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
+                   "client-state", "client-state-dir", "max-array-bytes")
+
+
+def saved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A results.json's run config with the keys it predates filled in.
+
+    A key added after the run counts as its default, unless the run's algorithm names a
+    legacy value for it (what runs did before the key existed).
+    """
+    from .algorithms import get_algorithm
+    from .config import all_defaults
+
+    filled = {**all_defaults(), **config}
+    try:
+        legacy = get_algorithm(str(filled["algorithm"])).legacy_values
+    except ValueError:  # an algorithm since removed: nothing more is known
+        legacy = {}
+    return {**filled, **{k: v for k, v in legacy.items() if k not in config}}
+
+
+def stale_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys that change results where a saved run's config differs from ``current``.
+
+    Only the common keys and the run's algorithm's own keys count; other algorithms'
+    switches cannot change its numbers.
+    """
+    from .algorithms import get_algorithm
+    from .config import COMMON_DEFAULTS
+
+    saved = saved_config(saved)
+    own = set(COMMON_DEFAULTS) | set(get_algorithm(str(current["algorithm"])).config_defaults)
+    return sorted(k for k in own - set(NOT_RESULT_KEYS)
+                  if json.dumps(saved.get(k), default=str) != json.dumps(current.get(k), default=str))
+
+
+def move_aside(run_dir: Path, stale_root: Path) -> Path:
+    """Move a run folder under ``stale_root`` (never overwriting) and return where it went."""
+    stale_root.mkdir(parents=True, exist_ok=True)
+    dest = stale_root / run_dir.name
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = stale_root / f"{run_dir.name}.{n}"
+    run_dir.rename(dest)
+    return dest
 
 
 def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
@@ -156,14 +214,11 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     differ in other run-config keys (an ablation switch such as ``fedaux-variant``), each
     of those keys is appended as ``|key=value`` so ablations never merge with the main
     method's seeds. A key a run's results.json lacks (written before the key existed)
-    counts as its default.
+    is read by :func:`saved_config`. Runs moved aside under ``out/stale`` are not read.
     """
-    from .config import all_defaults
-
-    defaults = all_defaults()
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))]
     for res in results:
-        res["config"] = {**defaults, **res["config"]}
+        res["config"] = saved_config(res["config"])
     base: dict[str, list[dict[str, Any]]] = {}
     for res in results:
         base.setdefault("|".join(str(res["config"][k]) for k in CELL_KEYS), []).append(res)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from fedgraph_flwr.config import ConfigError
-from fedgraph_flwr.experiments import expand, main, run_grid, write_tables
+from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.experiments import (collect, expand, main, run_grid, saved_config, stale_keys,
+                                       write_tables)
 
 
 def _spec(tmp_path):
@@ -95,3 +96,32 @@ def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "missing top-level key 'grid'" in err
+
+
+def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path):
+    spec = dict(_spec(tmp_path), grid={"algorithm": ["fedaux", "fedavg"]}, seeds=[0])
+    out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    fedaux_path = next(out.glob("fedaux-*/results.json"))
+    fedavg_path = next(out.glob("fedavg-*/results.json"))
+    for path in (fedaux_path, fedavg_path):  # as written before fedaux-classifier-init existed
+        res = json.loads(path.read_text())
+        del res["config"]["fedaux-classifier-init"]
+        path.write_text(json.dumps(res))
+    stamp = fedavg_path.stat().st_mtime_ns
+
+    # Such a FedAux run drew its head as nn.Linear does: the table says so ...
+    rows = {r["cell"] for r in csv.DictReader(write_tables(out, spec)[1].open())}
+    assert rows == {"fedaux|SBM|metis|2", "fedavg|SBM|metis|2"}
+    assert saved_config(json.loads(fedaux_path.read_text())["config"])["fedaux-classifier-init"] == "torch"
+    assert stale_keys(json.loads(fedaux_path.read_text())["config"],
+                      resolve_config(None, dict(spec["base"], algorithm="fedaux"))) == [
+        "fedaux-classifier-init"]
+
+    # ... and the grid, which now asks for the Xavier head, re-runs it, keeping the old
+    # run aside. FedAvg has no such switch: its run stands.
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert json.loads(fedaux_path.read_text())["config"]["fedaux-classifier-init"] == "xavier"
+    kept = out / "stale" / fedaux_path.parent.name / "results.json"
+    assert "fedaux-classifier-init" not in json.loads(kept.read_text())["config"]
+    assert fedavg_path.stat().st_mtime_ns == stamp
+    assert sum(len(v) for v in collect(out).values()) == 2  # the stale run is not tabulated

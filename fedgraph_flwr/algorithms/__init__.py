@@ -5,7 +5,8 @@ from .registry import ALGORITHMS, Algorithm, get_algorithm, register
 
 register("fedavg", fedavg.GCNTrainer, fedavg.FedAvgAggregator, fedavg.CONFIG_DEFAULTS)
 register("local", local.LocalTrainer, local.LocalAggregator)
-register("fedaux", fedaux.FedAuxTrainer, fedaux.FedAuxAggregator, fedaux.CONFIG_DEFAULTS)
+register("fedaux", fedaux.FedAuxTrainer, fedaux.FedAuxAggregator, fedaux.CONFIG_DEFAULTS,
+         fedaux.LEGACY_VALUES)
 register("fedprox", fedprox.FedProxTrainer, fedprox.FedProxAggregator, fedprox.CONFIG_DEFAULTS)
 register("fedper", fedper.FedPerTrainer, fedper.FedPerAggregator, fedper.CONFIG_DEFAULTS)
 register("fedpub", fedpub.FedPubTrainer, fedpub.FedPubAggregator, fedpub.CONFIG_DEFAULTS)

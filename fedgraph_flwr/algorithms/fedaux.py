@@ -55,6 +55,9 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "fedaux-server": "personalized",  # personalized (Eq. 7-8) | average (FedAvg_mask)
 }
 
+# Runs made before fedaux-classifier-init existed drew the head as nn.Linear does.
+LEGACY_VALUES: dict[str, Any] = {"fedaux-classifier-init": "torch"}
+
 SERVER_MODES = ("personalized", "average")
 APV_KEY = "apv"
 
