@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 import uuid
 from pathlib import Path
 
@@ -76,6 +77,19 @@ def wrong_shape_mod(client: int, server_round: int):
         return call_next(msg, ctx)
 
     return corrupt
+
+
+def slow_mod(client: int, server_round: int, seconds: float):
+    """Hold one client's train reply in one round for ``seconds``."""
+
+    def hold(msg, ctx, call_next):
+        if (msg.metadata.message_type == "train"
+                and int(ctx.node_config["partition-id"]) == client
+                and int(msg.content["config"]["server-round"]) == server_round):
+            time.sleep(seconds)
+        return call_next(msg, ctx)
+
+    return hold
 
 
 def _simulate(overrides: dict, mods: list) -> None:
@@ -140,6 +154,18 @@ def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, data
     assert results["final"]["failures"] == 1
     # The checkpoint holds round 1 only, so resume=true would redo round 2.
     assert state_codec.decode((tmp_path / "ff" / "checkpoint.pt").read_bytes())["round"] == 1
+
+
+def test_fail_fast_stops_at_a_client_that_misses_the_round_timeout(tmp_path, data_root):
+    cfg = _config(data_root, tmp_path, "ff-slow", **{"fail-fast": True, "round-timeout": 2.0})
+    expected = (f"fail-fast: client {FAIL_CLIENT} sent no reply in round {FAIL_ROUND} "
+                "within round-timeout=2.0 s")
+    with pytest.raises(RuntimeError, match=expected):
+        _simulate(cfg, [slow_mod(FAIL_CLIENT, FAIL_ROUND, 6.0)])
+    results = json.loads((tmp_path / "ff-slow" / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == [1, 2]
+    last = results["rounds"][-1]
+    assert last["void"] and last["failures"] == {str(FAIL_CLIENT): "missing: no reply before round-timeout"}
 
 
 def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(failing_run):

@@ -222,8 +222,9 @@ class PersonalizedStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Decode replies, report failures at once, and let the federation aggregate.
 
-        Under ``fail-fast`` a client's error reply ends the run: the round is recorded
-        (void, with the failure) and results.json written before :class:`RunAborted`.
+        Under ``fail-fast`` a client's error reply, or no reply within ``round-timeout``,
+        ends the run: the round is recorded (void, with the failure) and results.json
+        written before :class:`RunAborted`.
         """
         fed = self._fed()
         sampled = fed.sample(server_round)
@@ -257,6 +258,8 @@ class PersonalizedStrategy(Strategy):
         for cid in sampled:
             if cid not in decoded and cid not in failures:
                 failures[cid] = "missing: no reply before round-timeout"
+                errors.append(f"client {cid} sent no reply in round {server_round} within "
+                              f"round-timeout={self.config['round-timeout']} s")
                 self.log(f"round {server_round}: client {cid} missing (no reply in time)")
         abort = bool(errors) and bool(self.config["fail-fast"])
         record = fed.complete_round(
