@@ -40,3 +40,25 @@ def test_files_run_with_wrong_client_count_is_one_line(tmp_path, reference_parti
     message = str(info.value)
     assert "\n" not in message and "10" in message and "num-clients=4" in message
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("source", ["dir", "file"])
+def test_client_file_rewritten_in_place_is_read_again(tmp_path, reference_partitions, source):
+    """A client's data cache notices a new file even where the copy kept the old mtime."""
+    import os
+    import shutil
+
+    from fedgraph_flwr.engine.client_runtime import ClientIdentity, load_client_data
+
+    target = tmp_path / "client_0.npz"
+    shutil.copy(reference_partitions / "client_0.npz", target)
+    identity = ClientIdentity(0, source, str(tmp_path if source == "dir" else target))
+    config = {"partition": "files", "partition-dir": str(tmp_path)}
+    before, _ = load_client_data(identity, config)
+    assert load_client_data(identity, config)[0] is before  # cached
+    stamp = target.stat()
+    target.write_bytes((reference_partitions / "client_1.npz").read_bytes())  # same inode
+    os.utime(target, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    after, _ = load_client_data(identity, config)
+    expected, _ = load_client_data(ClientIdentity(1, "dir", str(reference_partitions)), config)
+    assert after.num_nodes == expected.num_nodes != before.num_nodes

@@ -89,8 +89,13 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
                int(config["partition-seed"]), identity.partition_id)
     else:
         p = Path(identity.path)
-        key = (identity.source, str(p), identity.partition_id,
-               p.stat().st_mtime_ns if p.exists() else None)
+        if identity.source == "dir":
+            p = client_file_in_dir(p, identity.partition_id)
+        # The file itself, not its folder: a client file rewritten or replaced in place
+        # (same name, same mtime from cp -p / rsync -t) is read again.
+        st = p.stat() if p.exists() else None
+        key = ("file", str(p), identity.partition_id,
+               (st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
     if key in _DATA_CACHE:
         return _DATA_CACHE[key]
     try:
@@ -98,10 +103,8 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
             cfg = dict(config)
             cfg["data-root"] = str(data_root(config))
             data = partition.load_client(cfg, identity.partition_id)
-        elif identity.source == "dir":
-            data = files.load_subgraph_file(client_file_in_dir(identity.path, identity.partition_id))
         else:
-            data = files.load_subgraph_file(identity.path)
+            data = files.load_subgraph_file(p)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ClientDataError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
     num_classes = int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
