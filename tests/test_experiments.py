@@ -8,7 +8,8 @@ import json
 import pytest
 
 from fedgraph_flwr.config import ConfigError, resolve_config
-from fedgraph_flwr.experiments import (collect, expand, main, run_grid, saved_config, stale_keys,
+from fedgraph_flwr.experiments import (collect, expand, main, run_grid, saved_config,
+                                       seed_mean_curve_at_best_val, stale_keys,
                                        write_tables)
 
 
@@ -125,3 +126,16 @@ def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path):
     assert "fedaux-classifier-init" not in json.loads(kept.read_text())["config"]
     assert fedavg_path.stat().st_mtime_ns == stamp
     assert sum(len(v) for v in collect(out).values()) == 2  # the stale run is not tabulated
+
+
+def test_seed_mean_curve_picks_one_round_for_all_runs():
+    """The reference visualizer's Acc @ Best Val: average the curves, then pick the round."""
+
+    def run(val, test):
+        return {"rounds": [{"held_mean_val": v, "held_mean_test": t} for v, t in zip(val, test)]}
+
+    a = run([0.50, 0.60, 0.55], [0.40, 0.45, 0.70])
+    b = run([0.50, 0.52, 0.70, 0.99], [0.10, 0.20, 0.30, 0.99])  # cut to the shorter run
+    # Mean val 50 / 56 / 62.5: round 3 for both runs, though run a's own best is round 2.
+    assert seed_mean_curve_at_best_val([a, b]) == pytest.approx([70.0, 30.0])
+    assert seed_mean_curve_at_best_val([]) == []
