@@ -408,6 +408,27 @@ def test_torch_classifier_init_draws_as_before_the_switch():
     assert torch.equal(net.apv, apv)
 
 
+@pytest.mark.parametrize("layers", [1, 3])
+def test_num_layers_sets_the_gcn_depth(layers):
+    """num-layers = L gives conv1 (d -> d') then L - 1 convs d' -> d' (the paper's Fig. 6
+    sweep); the trainer passes the run config's value through."""
+    data = random_graph()
+    torch.manual_seed(0)
+    trainer = FedAuxTrainer(data, make_config(**{"num-layers": layers}), 3, torch.device("cpu"))
+    convs = sorted({name.split(".")[0] for name, _ in trainer.model.named_parameters()
+                    if name.startswith("conv")})
+    assert convs == [f"conv{i}" for i in range(1, layers + 1)]
+    assert trainer.model.conv1.lin.weight.shape[1] == 8
+    torch.manual_seed(0)
+    deep = FedAuxNet(8, 16, 3, dropout=0.0, num_layers=layers).eval()
+    h = data.x
+    for conv in deep.convs():  # the embedding is the L-layer stack, nothing else
+        h = conv(h, data.edge_index).relu()
+    assert torch.allclose(deep.embed(data.x, data.edge_index), h)
+    with pytest.raises(ValueError, match="num-layers"):
+        FedAuxNet(8, 16, 3, num_layers=0)
+
+
 def test_net_uses_kernel_output():
     """The classifier sees [h ‖ z]: the APV changes the logits."""
     data = random_graph()

@@ -88,6 +88,7 @@ class FedAuxTrainer(SupervisedTrainer):
             hard_kernel_size=int(_opt(config, "fedaux-hard-kernel")),
             head=str(_opt(config, "fedaux-head")),
             classifier_init=str(_opt(config, "fedaux-classifier-init")),
+            num_layers=int(config.get("num-layers", 2)),
         )
 
     def signature(self) -> Arrays:

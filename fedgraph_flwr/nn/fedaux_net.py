@@ -1,8 +1,8 @@
-"""The FedAux client model: (masked) 2-layer GCN, APV soft-sorting branch, classifier head.
+"""The FedAux client model: (masked) L-layer GCN, APV soft-sorting branch, classifier head.
 
 Forward (spec §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
 
-    h = dropout(relu(conv2(dropout(relu(conv1(x))))))      h [N, d']
+    h = dropout(relu(convL(... dropout(relu(conv1(x))))))  h [N, d']   (L = 2 by default)
     s = score(h, apv)                                        s [N]
     z = Σ_j κ(s_i, s_j) h_j / Σ_j κ(s_i, s_j)               z [N, d']  (variant "soft")
       | unsort(Conv1D(sort(s ⊙ h)))                                    (variant "hard")
@@ -18,7 +18,8 @@ On the reference partitions the Xavier head scores 0.9 / 0.7 / 2.2 points higher
 Cora-5 / 10 / 20 (README, ``configs/paper/fedaux-cora-init.yaml``); the paper is silent
 on it.
 
-Parameter names: ``conv{1,2}.*``, ``apv`` [d'], ``classifier.*`` (``classifier.0.*``
+Parameter names: ``conv1.*`` ... ``conv{L}.*`` (conv1: d -> d', the others d' -> d';
+the paper sweeps L in {1, 2, 3}, Fig. 6), ``apv`` [d'], ``classifier.*`` (``classifier.0.*``
 and ``classifier.3.*`` for the MLP head), ``hard_conv.*`` (hard variant only); in the
 masked variant every mask is called ``*.mask``.
 """
@@ -58,6 +59,7 @@ class FedAuxNet(nn.Module):
         hard_kernel_size: int = 3,
         head: str = "linear",
         classifier_init: str = "xavier",
+        num_layers: int = 2,
     ) -> None:
         super().__init__()
         if variant not in VARIANTS:
@@ -75,6 +77,8 @@ class FedAuxNet(nn.Module):
                              f"valid: {', '.join(CLASSIFIER_INITS)}")
         if sigma <= 0:
             raise ValueError("fedaux-sigma must be > 0")
+        if num_layers < 1:
+            raise ValueError("num-layers must be >= 1")
         self.dropout = dropout
         self.variant = variant
         self.score_mode = score_mode
@@ -83,13 +87,13 @@ class FedAuxNet(nn.Module):
         self.dense_max_nodes = dense_max_nodes
         self.apv_init = apv_init
         self.classifier_init = classifier_init
-        # cached=True: a trainer only ever sees its own fixed subgraph.
-        if masked:
-            self.conv1 = MaskedGCNConv(in_channels, hidden_channels, cached=True)
-            self.conv2 = MaskedGCNConv(hidden_channels, hidden_channels, cached=True)
-        else:
-            self.conv1 = GCNConv(in_channels, hidden_channels, cached=True)
-            self.conv2 = GCNConv(hidden_channels, hidden_channels, cached=True)
+        self.num_layers = num_layers
+        # cached=True: a trainer only ever sees its own fixed subgraph. Named conv1..convL
+        # (not a ModuleList) so the default L = 2 keeps the reference code's names.
+        conv = MaskedGCNConv if masked else GCNConv
+        for i in range(1, num_layers + 1):
+            setattr(self, f"conv{i}", conv(in_channels if i == 1 else hidden_channels,
+                                           hidden_channels, cached=True))
         self.apv = nn.Parameter(torch.empty(hidden_channels))
         self.hard_conv = HardSortConv1d(hidden_channels, hard_kernel_size) if variant == "hard" else None
         linear = MaskedLinear if masked else nn.Linear
@@ -120,9 +124,12 @@ class FedAuxNet(nn.Module):
             if self.classifier_init == "xavier":
                 fedpub_xavier_(layer)
 
+    def convs(self) -> list[nn.Module]:
+        return [getattr(self, f"conv{i}") for i in range(1, self.num_layers + 1)]
+
     def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
+        for conv in self.convs():
+            conv.reset_parameters()
         self.reset_apv()
         if self.hard_conv is not None:
             self.hard_conv.reset_parameters()
@@ -130,8 +137,10 @@ class FedAuxNet(nn.Module):
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """Post-ReLU, post-dropout node embeddings h [N, d']."""
-        h = F.dropout(F.relu(self.conv1(x, edge_index)), p=self.dropout, training=self.training)
-        return F.dropout(F.relu(self.conv2(h, edge_index)), p=self.dropout, training=self.training)
+        h = x
+        for conv in self.convs():
+            h = F.dropout(F.relu(conv(h, edge_index)), p=self.dropout, training=self.training)
+        return h
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Node coordinates on the APV axis, s [N]."""
