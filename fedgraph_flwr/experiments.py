@@ -109,9 +109,9 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             overrides["run-name"] = run_name(overrides)
             target = out / overrides["run-name"] / "results.json"
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
+            cfg = resolve_config(None, overrides)
             if target.is_file():
-                changed = stale_keys(json.loads(target.read_text())["config"],
-                                     resolve_config(None, overrides))
+                changed = stale_keys(json.loads(target.read_text())["config"], cfg)
                 if not changed:
                     progress.advance(cells)
                     continue
@@ -120,7 +120,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                     f"[yellow]{overrides['run-name']}: saved with different "
                     f"{', '.join(changed)} than this grid now asks for; re-running "
                     f"(old run kept in {moved})")
-            total = int(resolve_config(None, overrides)["rounds"])
+            total = int(cfg["rounds"])
             progress.reset(rounds, total=total)
             done = {"n": 0}
 
@@ -243,10 +243,9 @@ def seed_mean_curve_at_best_val(results: list[dict[str, Any]]) -> list[float]:
     headline ``test_at_best_val`` instead picks each run's own best round, as the
     visualizer's "Acc @ Best Val All" does.
     """
-    curves = [(np.round(100 * np.array([r.get("held_mean_val", r.get("mean_val", np.nan))
-                                         for r in res["rounds"]], dtype=float), 2),
-               np.round(100 * np.array([r.get("held_mean_test", r.get("mean_test", np.nan))
-                                        for r in res["rounds"]], dtype=float), 2))
+    from .plots import round_curve
+
+    curves = [(np.round(round_curve(res, "val"), 2), np.round(round_curve(res, "test"), 2))
               for res in results]
     n = min((len(v) for v, _ in curves), default=0)
     if n == 0:

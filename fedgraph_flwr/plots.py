@@ -128,19 +128,27 @@ def _save(fig, path: Path, dpi: int = 110) -> Path:
     return path
 
 
-def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path,
-                key: str = "held_mean_test") -> Path:
-    """Mean over seeds of ``key`` (a per-round figure of results.json; ``mean_test`` where
-    an older file lacks it) vs round, one line per cell, with a ±1 std band across seeds;
-    rounds a seed did not log are left out."""
+def round_curve(result: dict[str, Any], which: str = "test") -> np.ndarray:
+    """One run's mean-over-clients ``which`` (val | test) accuracy per round, in %.
+
+    ``held_mean_<which>`` (all clients' held models) of results.json, or ``mean_<which>``
+    where an older file lacks it.
+    """
+    return 100 * np.array([float(rnd.get(f"held_mean_{which}", rnd.get(f"mean_{which}", np.nan)))
+                           for rnd in result["rounds"]])
+
+
+def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path, which: str = "test") -> Path:
+    """Mean over seeds of :func:`round_curve` vs round, one line per cell, with a ±1 std
+    band across seeds; rounds a seed did not log are left out."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for cell, results in sorted(cells.items()):
         last = max(len(r["rounds"]) for r in results)
         grid = np.full((len(results), last), np.nan)
         for i, res in enumerate(results):
-            for j, rnd in enumerate(res["rounds"]):
-                grid[i, j] = 100 * float(rnd.get(key, rnd.get("mean_test", np.nan)))
+            curve = round_curve(res, which)
+            grid[i, :len(curve)] = curve
         x = np.arange(1, last + 1)
         seen = np.isfinite(grid)
         count = seen.sum(axis=0)
@@ -150,7 +158,7 @@ def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path,
         ax.plot(x, mean, label=f"{cell} (n={len(results)})")
         ax.fill_between(x, mean - std, mean + std, alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel(f"{key.replace('_', ' ')} (%)")
+    ax.set_ylabel(f"held mean {which} (%)")
     ax.legend(fontsize="x-small")
     fig.tight_layout()
     out = _save(fig, path)
