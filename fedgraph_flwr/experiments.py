@@ -21,8 +21,8 @@ which runs of that cell differ (ablation switches).
 
 Cells whose ``results.json`` exists are skipped (resumable), unless it was saved with a
 different config than the grid now resolves to (a default changed, or a switch added
-since whose default is not what the run did): such a run is moved under ``stale/`` and
-re-run. ``--engine flower``
+since whose default is not what the run did) or cannot be read: such a run is moved
+under ``stale/`` and re-run. ``--engine flower``
 runs each cell as a Flower simulation; the default ``inprocess`` runs the same
 client and server code without messaging (identical numbers, see
 tests/test_engine.py), which is what a sweep on one machine wants.
@@ -111,15 +111,19 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
             cfg = resolve_config(None, overrides)
             if target.is_file():
-                changed = stale_keys(json.loads(target.read_text())["config"], cfg)
-                if not changed:
+                try:
+                    changed: list[str] | None = stale_keys(
+                        json.loads(target.read_text())["config"], cfg)
+                except (ValueError, KeyError, TypeError):  # not a results.json we can read
+                    changed = None
+                if changed == []:
                     progress.advance(cells)
                     continue
+                why = ("its results.json is unreadable" if changed is None else
+                       f"saved with different {', '.join(changed)} than this grid now asks for")
                 moved = move_aside(target.parent, out / "stale")
-                progress.console.print(
-                    f"[yellow]{overrides['run-name']}: saved with different "
-                    f"{', '.join(changed)} than this grid now asks for; re-running "
-                    f"(old run kept in {moved})")
+                progress.console.print(f"[yellow]{overrides['run-name']}: {why}; re-running "
+                                       f"(old run kept in {moved})")
             total = int(cfg["rounds"])
             progress.reset(rounds, total=total)
             done = {"n": 0}

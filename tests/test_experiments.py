@@ -127,6 +127,12 @@ def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path):
     assert fedavg_path.stat().st_mtime_ns == stamp
     assert sum(len(v) for v in collect(out).values()) == 2  # the stale run is not tabulated
 
+    # A results.json that cannot be read is kept aside too, and its run done again.
+    fedavg_path.write_text("{not json")
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert json.loads(fedavg_path.read_text())["config"]["algorithm"] == "fedavg"
+    assert (out / "stale" / fedavg_path.parent.name / "results.json").read_text() == "{not json"
+
 
 def test_seed_mean_curve_picks_one_round_for_all_runs():
     """The reference visualizer's Acc @ Best Val: average the curves, then pick the round."""
