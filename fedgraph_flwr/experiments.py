@@ -218,11 +218,20 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     differ in other run-config keys (an ablation switch such as ``fedaux-variant``), each
     of those keys is appended as ``|key=value`` so ablations never merge with the main
     method's seeds. A key a run's results.json lacks (written before the key existed)
-    is read by :func:`saved_config`. Runs moved aside under ``out/stale`` are not read.
+    is read by :func:`saved_config`. Runs moved aside under ``out/stale`` are not read,
+    nor is a results.json that cannot be parsed (a run cut off mid-write): it is named on
+    stderr and left for ``run`` to move aside and redo.
     """
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))]
-    for res in results:
-        res["config"] = saved_config(res["config"])
+    results = []
+    for path in sorted(out.glob("*/results.json")):
+        try:
+            res = json.loads(path.read_text())
+            res["config"] = saved_config(res["config"])
+        except (ValueError, KeyError, TypeError) as exc:
+            print(f"fedgraph-experiments: skipping unreadable {path} ({type(exc).__name__}: {exc}); "
+                  "`fedgraph-experiments run` on its grid redoes it", file=sys.stderr)
+            continue
+        results.append(res)
     base: dict[str, list[dict[str, Any]]] = {}
     for res in results:
         base.setdefault("|".join(str(res["config"][k]) for k in CELL_KEYS), []).append(res)

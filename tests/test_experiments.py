@@ -99,7 +99,7 @@ def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "missing top-level key 'grid'" in err
 
 
-def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path):
+def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path, capsys):
     spec = dict(_spec(tmp_path), grid={"algorithm": ["fedaux", "fedavg"]}, seeds=[0])
     out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
     fedaux_path = next(out.glob("fedaux-*/results.json"))
@@ -127,8 +127,12 @@ def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path):
     assert fedavg_path.stat().st_mtime_ns == stamp
     assert sum(len(v) for v in collect(out).values()) == 2  # the stale run is not tabulated
 
-    # A results.json that cannot be read is kept aside too, and its run done again.
+    # A results.json that cannot be read is left out of the tables, named on stderr ...
     fedavg_path.write_text("{not json")
+    capsys.readouterr()
+    assert set(collect(out)) == {"fedaux|SBM|metis|2"}
+    assert str(fedavg_path) in capsys.readouterr().err
+    # ... and kept aside by run, which does it again.
     run_grid(spec, tmp_path / "exp", None, "inprocess", {})
     assert json.loads(fedavg_path.read_text())["config"]["algorithm"] == "fedavg"
     assert (out / "stale" / fedavg_path.parent.name / "results.json").read_text() == "{not json"
