@@ -9,7 +9,7 @@ import pytest
 
 from fedgraph_flwr.config import ConfigError, resolve_config
 from fedgraph_flwr.experiments import (collect, expand, main, run_grid, saved_config,
-                                       seed_mean_curve_at_best_val, stale_keys,
+                                       best_test_round, seed_mean_curve_at_best_val, stale_keys,
                                        write_tables)
 
 
@@ -149,3 +149,11 @@ def test_seed_mean_curve_picks_one_round_for_all_runs():
     # Mean val 50 / 56 / 62.5: round 3 for both runs, though run a's own best is round 2.
     assert seed_mean_curve_at_best_val([a, b]) == pytest.approx([70.0, 30.0])
     assert seed_mean_curve_at_best_val([]) == []
+
+
+def test_best_test_round_is_each_runs_highest_test_over_rounds():
+    def run(test):
+        return {"rounds": [{"held_mean_val": 0.5, "held_mean_test": t} for t in test]}
+
+    assert best_test_round([run([0.40, 0.71, 0.70]), run([0.90, 0.20])]) == pytest.approx([71.0, 90.0])
+    assert best_test_round([run([]), run([0.3])]) == pytest.approx([30.0])
