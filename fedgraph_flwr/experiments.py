@@ -10,6 +10,7 @@ A grid file::
     grid: {algorithm: [fedaux], num-clients: [5, 10, 20]}    # cartesian product
     seeds: [0, 1, 2]
     paper: {"fedaux|Cora|metis|5": 84.57}                    # optional, per cell
+                                                             # (a key naming no cell is an error)
 
 Each ``run``/``report`` also draws ``curves.png`` (mean test accuracy per round with a
 ±1 std band over seeds), ``per_client.png`` (each client's best-val test accuracy, per
@@ -58,6 +59,10 @@ def load_grid(path: str | Path) -> dict[str, Any]:
     spec.setdefault("base", {})
     spec.setdefault("seeds", [0])
     spec.setdefault("paper", {})
+    unknown = sorted(set(spec["paper"]) - grid_cells(spec))
+    if unknown:
+        raise ConfigError(f"{path}: paper key {unknown[0]!r} names no cell of this grid; its cells: "
+                          f"{', '.join(sorted(grid_cells(spec)))}")
     return spec
 
 
@@ -232,6 +237,18 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
                   "`fedgraph-experiments run` on its grid redoes it", file=sys.stderr)
             continue
         results.append(res)
+    return group_cells(results)
+
+
+def grid_cells(spec: dict[str, Any]) -> set[str]:
+    """The cell names a grid's runs will be tabulated under (as :func:`collect` names
+    them), from its configs alone."""
+    runs = expand(spec, seeds=[0])
+    return set(group_cells([{"config": saved_config(resolve_config(None, o))} for o in runs]))
+
+
+def group_cells(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs (each with its full ``config``) grouped by cell name; see :func:`collect`."""
     base: dict[str, list[dict[str, Any]]] = {}
     for res in results:
         base.setdefault("|".join(str(res["config"][k]) for k in CELL_KEYS), []).append(res)

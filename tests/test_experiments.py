@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from fedgraph_flwr.config import ConfigError, resolve_config
-from fedgraph_flwr.experiments import (collect, expand, main, run_grid, saved_config,
-                                       best_test_round, seed_mean_curve_at_best_val, stale_keys,
+from fedgraph_flwr.experiments import (best_test_round, collect, expand, load_grid, main,
+                                       run_grid, saved_config, seed_mean_curve_at_best_val, stale_keys,
                                        write_tables)
 
 
@@ -97,6 +99,29 @@ def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "missing top-level key 'grid'" in err
+
+
+def test_a_paper_key_that_names_no_cell_is_an_error(tmp_path, capsys):
+    """A misspelt paper key would silently leave its cell without the paper's figure."""
+    spec = _spec(tmp_path)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(dict(spec, paper={
+        "fedavg|SBM|metis|2": 50.0, "fedaux|SBM|metis|2|fedaux-server=average": 40.0})))
+    assert set(load_grid(good)["paper"]) == {"fedavg|SBM|metis|2",
+                                             "fedaux|SBM|metis|2|fedaux-server=average"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(dict(spec, paper={"fedaux|SBM|metis|2": 40.0})))  # 2 cells
+    assert main(["report", str(tmp_path), "--grid", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'fedaux|SBM|metis|2' names no cell" in err
+    assert "fedaux|SBM|metis|2|fedaux-server=personalized" in err
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.parent.glob("configs/paper/*.yaml")),
+                         ids=lambda p: p.stem)
+def test_shipped_grids_load_and_their_paper_keys_name_cells(path, monkeypatch):
+    monkeypatch.chdir(path.parent.parent.parent)  # their config-file paths are from the repo root
+    load_grid(path)  # raises on a bad run config or a paper key that names no cell
 
 
 def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path, capsys):
