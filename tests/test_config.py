@@ -71,3 +71,14 @@ def test_types_are_coerced():
     cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
     assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
 
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("fed*/*.yaml")), ids=lambda p: p.stem)
+def test_shipped_run_configs_resolve_to_what_their_names_say(path):
+    cfg = resolve_config(None, {"config-file": str(path)})
+    assert cfg["algorithm"] == path.parent.name  # configs/<algorithm>/...
+    if path.parent.name == "fediih":  # <dataset>-<disjoint|overlapping>-<clients>.yaml
+        dataset, setting, clients = path.stem.rsplit("-", 2)
+        assert cfg["dataset"].lower() == dataset.replace("arxiv", "ogbn-arxiv")
+        assert cfg["partition"] == {"disjoint": "metis", "overlapping": "metis-overlapping"}[setting]
+        assert cfg["num-clients"] == int(clients)
