@@ -59,10 +59,11 @@ def load_grid(path: str | Path) -> dict[str, Any]:
     spec.setdefault("base", {})
     spec.setdefault("seeds", [0])
     spec.setdefault("paper", {})
-    unknown = sorted(set(spec["paper"]) - grid_cells(spec))
+    cells = grid_cells(spec)
+    unknown = sorted(set(spec["paper"]) - cells)
     if unknown:
         raise ConfigError(f"{path}: paper key {unknown[0]!r} names no cell of this grid; its cells: "
-                          f"{', '.join(sorted(grid_cells(spec)))}")
+                          f"{', '.join(sorted(cells))}")
     return spec
 
 

@@ -40,9 +40,9 @@ def register(
     if name in ALGORITHMS:
         raise ValueError(f"algorithm {name!r} is already registered")
     legacy = dict(legacy_values or {})
-    if set(legacy) - set(config_defaults or {}):
-        raise ValueError(f"{name}: legacy_values for keys it has no default for: "
-                         f"{sorted(set(legacy) - set(config_defaults or {}))}")
+    undefaulted = sorted(set(legacy) - set(config_defaults or {}))
+    if undefaulted:
+        raise ValueError(f"{name}: legacy_values for keys it has no default for: {undefaulted}")
     algo = Algorithm(name, trainer, aggregator, dict(config_defaults or {}), legacy)
     ALGORITHMS[name] = algo
     return algo
