@@ -182,3 +182,12 @@ def test_best_test_round_is_each_runs_highest_test_over_rounds():
 
     assert best_test_round([run([0.40, 0.71, 0.70]), run([0.90, 0.20])]) == pytest.approx([71.0, 90.0])
     assert best_test_round([run([]), run([0.3])]) == pytest.approx([30.0])
+
+
+def test_register_refuses_a_legacy_value_for_a_key_without_a_default():
+    from fedgraph_flwr.algorithms import ALGORITHMS, register
+    from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
+
+    with pytest.raises(ValueError, match=r"legacy_values for keys it has no default for: \['x-init'\]"):
+        register("legacy-probe", GCNTrainer, FedAvgAggregator, {"x-depth": 2}, {"x-init": "torch"})
+    assert "legacy-probe" not in ALGORITHMS  # nothing half-registered
