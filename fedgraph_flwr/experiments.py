@@ -291,9 +291,9 @@ def seed_mean_curve_at_best_val(results: list[dict[str, Any]]) -> list[float]:
 def best_test_round(results: list[dict[str, Any]]) -> list[float]:
     """Each run's highest mean-over-clients test accuracy over all rounds (%).
 
-    An oracle, not a result: it selects on test data. It bounds what any round-selection
-    rule could report for these runs, so a paper figure above it cannot be a question of
-    the evaluation rule. Runs with no scored round are left out.
+    An oracle, not a result: it selects on test data. It bounds what any rule that picks
+    one round for all clients could report for these runs (not the per-client rule, where
+    each client takes its own best-val round). Runs with no scored round are left out.
     """
     from .plots import round_curve
 
