@@ -44,6 +44,7 @@ import numpy as np
 import yaml
 
 from .config import ConfigError, resolve_config
+from .plots import draw_client_bars, draw_curves, draw_minority, draw_versus, round_curve
 
 CELL_KEYS = ("algorithm", "dataset", "partition", "num-clients")
 # Figures of results.json's ``final`` every table shows, and those a paper may be compared on.
@@ -274,8 +275,6 @@ def seed_mean_curve_at_best_val(results: list[dict[str, Any]]) -> list[float]:
     headline ``test_at_best_val`` instead picks each run's own best round, as the
     visualizer's "Acc @ Best Val All" does.
     """
-    from .plots import round_curve
-
     curves = [(np.round(round_curve(res, "val"), 2), np.round(round_curve(res, "test"), 2))
               for res in results]
     n = min((len(v) for v, _ in curves), default=0)
@@ -295,8 +294,6 @@ def best_test_round(results: list[dict[str, Any]]) -> list[float]:
     one round for all clients could report for these runs (not the per-client rule, where
     each client takes its own best-val round). Runs with no scored round are left out.
     """
-    from .plots import round_curve
-
     curves = [round_curve(res, "test") for res in results]
     return [float(np.nanmax(c)) for c in curves if len(c) and not np.all(np.isnan(c))]
 
@@ -376,8 +373,6 @@ def _draw(out: Path, cells: dict[str, list[dict[str, Any]]], spec: dict[str, Any
     against that key's value, one line per cell otherwise alike."""
     if not cells:
         return
-    from .plots import draw_client_bars, draw_curves, draw_minority, draw_versus
-
     draw_curves(cells, out / "curves.png")
     draw_client_bars(cells, out / "per_client.png")
     if any("pooled_minority_at_best_val_loss" in r["final"] for rs in cells.values() for r in rs):

@@ -72,7 +72,6 @@ def test_types_are_coerced():
     assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
 
 
-
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("fed*/*.yaml")), ids=lambda p: p.stem)
 def test_shipped_run_configs_resolve_to_what_their_names_say(path):
     cfg = resolve_config(None, {"config-file": str(path)})
