@@ -262,3 +262,8 @@ def default_run_name(config: Mapping[str, Any]) -> str:
         f"{config['algorithm']}-{config['dataset']}-{config['partition']}"
         f"{config['num-clients']}-seed{config['seed']}"
     )
+
+
+def client_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a client needs (placeholder until typed options land: all of them)."""
+    return dict(config)

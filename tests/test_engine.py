@@ -1,4 +1,4 @@
-"""The strategy engine end to end: real Flower simulations and the in-process loop."""
+"""The engine end to end: real Flower simulations and the in-process loop."""
 
 from __future__ import annotations
 

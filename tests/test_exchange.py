@@ -1,4 +1,4 @@
-"""PersonalizedStrategy.exchange: how often it asks the SuperLink, not what it trains.
+"""FlowerTransport.push_and_pull: how often it asks the SuperLink, not what it trains.
 
 Against a real SuperLink each push, poll and object is one request to one process (the
 deployment's bottleneck on small graphs), so the loop pushes each message on its own and
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from fedgraph_flwr.config import resolve_config
-from fedgraph_flwr.engine.strategy import PersonalizedStrategy
+from fedgraph_flwr.engine import flower_transport
+from fedgraph_flwr.engine.flower_transport import FlowerTransport
 
 
 class TimedGrid:
@@ -50,28 +50,33 @@ def _messages(n: int) -> list[object]:
     return [object() for _ in range(n)]
 
 
+def _exchange(transport: FlowerTransport, grid: TimedGrid, messages, timeout: float):
+    transport.grid = grid
+    return transport.push_and_pull(messages, timeout)
+
+
 def test_each_message_is_pushed_alone_and_first_polls_wait():
-    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
+    transport = FlowerTransport(None, log=lambda _: None)
     first = TimedGrid([0.30, 0.35, 0.40])
-    replies, pending = strategy.exchange(first, _messages(3), timeout=10)
+    replies, pending = _exchange(transport, first, _messages(3), timeout=10)
     assert len(replies) == 3 and not pending
     assert first.pushed == [["m0"], ["m1"], ["m2"]]
     assert first.polls[0] < 0.05  # nothing learnt yet: poll at once
-    assert 0.28 <= strategy._fastest_reply < 0.45
+    assert 0.28 <= transport._fastest_reply < 0.45
 
     second = TimedGrid([0.30, 0.35, 0.40])
-    replies, pending = strategy.exchange(second, _messages(3), timeout=10)
+    replies, pending = _exchange(transport, second, _messages(3), timeout=10)
     assert len(replies) == 3 and not pending
     assert second.polls[0] >= 0.7 * 0.28  # held back: no reply could be in yet
     assert len(second.polls) < len(first.polls)
 
 
 def test_timeout_still_bounds_the_first_wait():
-    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
-    strategy._fastest_reply = 30.0
+    transport = FlowerTransport(None, log=lambda _: None)
+    transport._fastest_reply = 30.0
     grid = TimedGrid([100.0])
     t0 = time.perf_counter()
-    replies, pending = strategy.exchange(grid, _messages(1), timeout=0.2)
+    replies, pending = _exchange(transport, grid, _messages(1), timeout=0.2)
     assert not replies and pending == {"m0"}
     assert time.perf_counter() - t0 < 2.0
 
@@ -79,17 +84,15 @@ def test_timeout_still_bounds_the_first_wait():
 def test_a_slow_round_does_not_hold_back_the_next_ones():
     """After a slow exchange (say round 1, with the clients' data loading) the first poll
     waits at most FIRST_POLL_MAX; replies already in at that poll halve the next wait."""
-    from fedgraph_flwr.engine import strategy as strategy_module
-
-    strategy = PersonalizedStrategy(resolve_config({}), log=lambda _: None)
-    strategy._fastest_reply = 20.0
+    transport = FlowerTransport(None, log=lambda _: None)
+    transport._fastest_reply = 20.0
     grid = TimedGrid([0.05, 0.05])
-    replies, pending = strategy.exchange(grid, _messages(2), timeout=10)
+    replies, pending = _exchange(transport, grid, _messages(2), timeout=10)
     assert len(replies) == 2 and not pending
-    assert strategy_module.FIRST_POLL_MAX <= grid.polls[0] < strategy_module.FIRST_POLL_MAX + 0.5
+    assert flower_transport.FIRST_POLL_MAX <= grid.polls[0] < flower_transport.FIRST_POLL_MAX + 0.5
     assert len(grid.polls) == 1
-    assert strategy._fastest_reply < 0.6 * grid.polls[0]
+    assert transport._fastest_reply < 0.6 * grid.polls[0]
 
     grid = TimedGrid([0.05, 0.05])
-    strategy.exchange(grid, _messages(2), timeout=10)
+    _exchange(transport, grid, _messages(2), timeout=10)
     assert grid.polls[0] < 0.45  # 0.7 x the halved estimate, not another full second

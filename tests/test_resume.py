@@ -22,26 +22,26 @@ from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import make_client_app
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.engine.server_app import make_server_app
-from fedgraph_flwr.engine.strategy import PersonalizedStrategy
+from fedgraph_flwr.engine.driver import RoundDriver
 
 ROUNDS, CRASH_ROUND = 4, 3
 
 
-class ServerDiesInRound(PersonalizedStrategy):
+class ServerDiesInRound(RoundDriver):
     """Dies in round CRASH_ROUND after every client has trained it (and saved its state),
     before the server records, aggregates or checkpoints it: the worst moment to lose
     the ServerApp, since clients are then one round ahead of the checkpoint."""
 
-    def aggregate_train(self, server_round, replies):
-        replies = list(replies)
-        if server_round == CRASH_ROUND:
-            assert len(replies) == 3 and not any(r.has_error() for r in replies)
+    def send(self, fed, phase, server_round, clients):
+        exchange, sent = super().send(fed, phase, server_round, clients)
+        if server_round == CRASH_ROUND and phase.name == "train":
+            assert len(exchange.replies) == 3 and not exchange.failures
             raise RuntimeError(f"ServerApp killed in round {server_round}")
-        return super().aggregate_train(server_round, replies)
+        return exchange, sent
 
 
-def _simulate(overrides: dict, strategy_cls=PersonalizedStrategy) -> None:
-    simulate(make_server_app(overrides, strategy_cls=strategy_cls), make_client_app(),
+def _simulate(overrides: dict, driver_cls=RoundDriver) -> None:
+    simulate(make_server_app(overrides, driver_cls=driver_cls), make_client_app(),
              num_supernodes=3)
 
 

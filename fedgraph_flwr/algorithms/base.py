@@ -1,21 +1,43 @@
-"""The contract between the strategy engine and an algorithm.
+"""The contract between the engine and an algorithm.
 
 An algorithm is a :class:`ClientTrainer` (runs where the data lives; plain torch)
-plus an :class:`Aggregator` (runs on the server; plain numpy/torch), registered
-by name in :mod:`fedgraph_flwr.algorithms.registry`. Neither touches Flower:
-only :mod:`fedgraph_flwr.engine` converts these objects to and from records.
+plus an :class:`Aggregator` (runs on the server; plain numpy/torch) plus its typed
+options, registered by name in :mod:`fedgraph_flwr.algorithms`. Neither touches
+Flower: only :mod:`fedgraph_flwr.engine` converts these objects to and from messages.
 
-One client round, as the engine drives it::
+The round-phase contract
+------------------------
+An algorithm declares its round as an ordered tuple of :class:`Phase` objects
+(``ClientTrainer.phases``; default: one ``train`` phase). A phase is one exchange:
+the server sends some clients a message, each client's handler answers, and the
+server's step sees that phase's replies. For each phase the engine does::
 
-    trainer = Trainer(data, config, num_classes, device)   # under the model seed
-    trainer.load_local_state(state)      # if the client has trained before
-    trainer.load_payload(payload)        # the server's personalized arrays
+    requests = aggregator.configure(phase, server_round, clients)  # {client: arrays}
+    # on each client, in order, restoring and saving its local state around it:
+    trainer.load_local_state(state)           # if it has run any phase before
+    reply = trainer.run_phase(phase, arrays)  # -> PhaseReply(arrays, signature, metrics)
+    aggregator.step(phase, server_round, {client: ClientUpdate})
+
+``when="before-first-round"`` phases run once, before round 1 (as round 0), on every
+client; ``"every-round"`` phases run each round, in declaration order, on the round's
+sampled clients. The ``train`` phase is special in three ways: it is always last,
+its request is the client's personalized payload from the last aggregation (the
+initial model before), and its client handler is the standard one::
+
+    trainer.load_payload(payload)             # the server's personalized arrays
     metrics = trainer.train(local_epochs) | trainer.evaluate()
     reply = trainer.upload(), trainer.signature(), metrics
-    state = trainer.local_state()        # persisted until the next round
 
-Privacy invariant: nothing in ``upload()`` or ``signature()`` may scale with the
-client's node count (no embeddings, scores or per-node values).
+whose metrics are the round's record (the evaluation protocols read them) and
+whose uploads are checked against the initial model's schema before ``aggregate``.
+Other phases' replies are checked for finiteness and size only; their
+server step keeps what it needs in the aggregator (and its ``state_dict`` for resume).
+Flower carries phase ``p`` as message type ``train.<p>`` (``train`` for the train
+phase): a ClientApp action, so Flower's own routing picks the handler.
+
+Privacy invariant: nothing a client sends in any phase may scale with its node count
+(no embeddings, scores or per-node values), except where a baseline's own published
+design does so (a named exemption, tested).
 """
 
 from __future__ import annotations
@@ -30,6 +52,52 @@ from torch_geometric.data import Data
 
 Arrays = dict[str, np.ndarray]
 Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One exchange of a round (module docstring: the round-phase contract)."""
+
+    name: str  # "train", or a custom action name: lower-case letters, digits, "_"
+    when: str = "every-round"  # "every-round" | "before-first-round"
+
+    WHEN = ("every-round", "before-first-round")
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.islower() or c.isdigit() or c == "_" for c in self.name):
+            raise ValueError(f"phase name {self.name!r}: use lower-case letters, digits and _")
+        if self.when not in self.WHEN:
+            raise ValueError(f"phase {self.name!r}: when={self.when!r}; valid: {', '.join(self.WHEN)}")
+        if self.name == TRAIN and self.when != "every-round":
+            raise ValueError("the train phase runs every round")
+
+    @property
+    def message_type(self) -> str:
+        """Flower's message type: ``train``, or the custom action ``train.<name>``."""
+        return TRAIN if self.name == TRAIN else f"{TRAIN}.{self.name}"
+
+
+#: The standard phase every algorithm ends its round with.
+TRAIN = "train"
+TRAIN_PHASE = Phase(TRAIN)
+
+
+def check_phases(phases: tuple[Phase, ...]) -> None:
+    """An algorithm's phases: unique names, ending with the train phase."""
+    names = [p.name for p in phases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"phase names repeat: {names}")
+    if not phases or phases[-1] != TRAIN_PHASE:
+        raise ValueError(f"the last phase must be Phase('train'), got {names}")
+
+
+@dataclass
+class PhaseReply:
+    """What a client's handler of a non-train phase returns."""
+
+    arrays: Arrays = field(default_factory=dict)
+    signature: Arrays = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +128,9 @@ class AggregateResult:
 
 class ClientTrainer(ABC):
     """Client side of an algorithm: local model(s), local training, evaluation."""
+
+    #: The round, as phases (module docstring); most algorithms need only ``train``.
+    phases: tuple[Phase, ...] = (TRAIN_PHASE,)
 
     def __init__(
         self, data: Data, config: Config, num_classes: int, device: torch.device
@@ -97,6 +168,10 @@ class ClientTrainer(ABC):
         """Compact per-client summary sent as metrics (size independent of node count)."""
         return {}
 
+    def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
+        """Handle a non-train phase's request (``arrays`` from ``Aggregator.configure``)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no phase {phase.name!r}")
+
     @abstractmethod
     def local_state(self) -> dict[str, Any]:
         """What persists between rounds on this client (torch-saveable tensors/dicts)."""
@@ -116,7 +191,17 @@ class Aggregator(ABC):
 
     @abstractmethod
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
-        """Combine this round's updates (keyed by logical client id)."""
+        """The train phase's step: combine this round's updates (keyed by logical client id)."""
+
+    def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
+        """A non-train phase's request to each of ``clients`` (default: nothing)."""
+        return {c: {} for c in clients}
+
+    def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult | None:
+        """A non-train phase's server step over its valid replies; keep what the next
+        phase needs in ``self`` (and in :meth:`state_dict`). Metrics and diagnostics of
+        the result are recorded with the round; its payloads are ignored."""
+        return None
 
     @property
     def mix_dtype(self) -> np.dtype:

@@ -4,8 +4,10 @@ Messages handled:
 
 - ``query`` (handshake): in ``config`` the run config; out ``info``
   (ConfigRecord of scalar facts: partition-id, num-nodes, num-features, ...).
-- ``train``: in ``arrays`` (this client's personalized payload) and ``config``;
-  out ``arrays`` (uploaded parameters) and ``metrics`` (metrics, timings, signature).
+- ``train`` (the train phase) and ``train.<phase>`` (every other phase an algorithm
+  declares, :mod:`fedgraph_flwr.algorithms.base`): in ``arrays`` (this client's
+  request: its personalized payload for train) and ``config``; out ``arrays``
+  (uploaded parameters) and ``metrics`` (metrics, timings, signature).
 
 Failures reply with an error message (code below, one-line reason) instead of
 raising, so the server hears of them at once rather than at the round timeout.
@@ -21,6 +23,8 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from ..algorithms import ALGORITHMS
+from ..algorithms.base import TRAIN, Phase
 from . import client_runtime as rt
 from .records import (array_to_bytes, bytes_to_array, from_array_record, to_array_record,
                       to_metric_record)
@@ -48,19 +52,21 @@ def _identity_and_data(message: Message, context: Context):
     return config, identity, data, num_classes
 
 
-def load_state(config: dict[str, Any], context: Context, partition_id: int) -> bytes | memoryview | None:
-    """The client's state from its last round: in ``context.state`` or a per-client file."""
+def load_state(config: dict[str, Any], context: Context, partition_id: int,
+               phase: Phase | None = None) -> bytes | memoryview | None:
+    """The client's state from its last phase: in ``context.state`` or a per-client file."""
     if config["client-state"] == "file":
-        return rt.load_state_file(config, partition_id, int(config["server-round"]))
+        return rt.load_state_file(config, partition_id, int(config["server-round"]), phase)
     record = context.state.get(STATE_KEY)
     if record is None:
         return None
     return array_to_bytes(record["blob"])
 
 
-def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes) -> None:
+def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes,
+               phase: Phase | None = None) -> None:
     if config["client-state"] == "file":
-        rt.save_state_file(config, partition_id, int(config["server-round"]), blob)
+        rt.save_state_file(config, partition_id, int(config["server-round"]), blob, phase)
         return
     context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
 
@@ -75,21 +81,29 @@ def handshake(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 
 
+def _phase_of(message: Message) -> Phase:
+    """``train`` -> the train phase; ``train.<name>`` -> that phase."""
+    _, _, name = message.metadata.message_type.partition(".")
+    return Phase(name or TRAIN)
+
+
 def train(message: Message, context: Context) -> Message:
-    """One round of local training on the personalized payload."""
+    """One phase on this client: the train phase (local training on the personalized
+    payload) or another phase of the algorithm's round."""
     t0 = time.perf_counter()
     try:
         config, identity, data, _ = _identity_and_data(message, context)
     except Exception as exc:  # noqa: BLE001
         return _error_reply(message, ERROR_DATA, exc)
     try:
-        payload = from_array_record(message.content["arrays"])
-        state = load_state(config, context, identity.partition_id)
-        out = rt.train_round(
-            data, int(config["num-classes-global"]), config, payload, state,
+        phase = _phase_of(message)
+        arrays = from_array_record(message.content["arrays"])
+        state = load_state(config, context, identity.partition_id, phase)
+        out = rt.phase_round(
+            data, int(config["num-classes-global"]), config, phase, arrays, state,
             int(config["server-round"]), identity.partition_id,
         )
-        save_state(config, context, identity.partition_id, out.state)
+        save_state(config, context, identity.partition_id, out.state, phase)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         return _error_reply(message, ERROR_TRAIN, exc)
@@ -108,6 +122,10 @@ def make_client_app(mods: list | None = None) -> ClientApp:
     app = ClientApp(mods=mods)
     app.query()(handshake)
     app.train()(train)
+    # Flower routes ``train.<name>`` to the handler registered for action ``name``.
+    for name in sorted({p.name for algo in ALGORITHMS.values() for p in algo.trainer.phases}
+                       - {TRAIN}):
+        app.train(name)(train)
     return app
 
 

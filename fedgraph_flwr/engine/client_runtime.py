@@ -8,6 +8,7 @@ run exactly the same code.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from torch_geometric.data import Data
 
 from ..algorithms import get_algorithm
-from ..algorithms.base import Arrays, Config
+from ..algorithms.base import TRAIN, Arrays, Config, Phase
 from ..algorithms.supervised import state_follows
 from ..config import data_root
 from . import state_codec
@@ -150,13 +151,18 @@ def state_from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
 
 
 # --- client state kept in files (client-state=file) ---------------------------------------
-# One file per client and round it trained in, named ``client_<id>.<token>.r<round>.pt``
-# where ``token`` identifies the run (set by the server, kept across resume). A client
-# loads the newest state of a round *before* the current one and keeps only that one
-# plus the one it just wrote. So if the server dies after checkpointing round r while
-# clients have already saved round r+1, the resumed round r+1 starts again from round
-# r's state, and files of other runs in the same folder are never read.
+# One file per client and phase it ran, named ``client_<id>.<token>.r<round>.pt`` after
+# the train phase and ``client_<id>.<token>.r<round>p<index>.pt`` after the round's other
+# phases (``index`` = the phase's place in the algorithm's round; round 0 = the phases
+# before round 1), where ``token`` identifies the run (set by the server, kept across
+# resume). A client loads the newest state from *before* the current (round, phase) and
+# keeps only that one plus the one it just wrote. So if the server dies after
+# checkpointing round r while clients have already saved round r+1, the resumed round
+# r+1 starts again from round r's state, and files of other runs in the same folder are
+# never read.
 STATE_TOKEN_KEY = "client-state-token"
+_POSITION = re.compile(r"r(\d+)(?:p(\d+))?")
+TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
 
 
 def state_dir(config: Config) -> Path:
@@ -166,42 +172,60 @@ def state_dir(config: Config) -> Path:
     return Path(str(folder)).expanduser()
 
 
-def _state_files(config: Config, partition_id: int, any_token: bool = False) -> dict[Path, tuple[str, int]]:
-    """This client's state files: path -> (token, round)."""
+def _position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
+    """Where a phase's state sits in the run: (round, place in the round)."""
+    if phase is None or phase.name == TRAIN:
+        return server_round, TRAIN_POSITION
+    phases = [p.name for p in get_algorithm(str(config["algorithm"])).trainer.phases]
+    return server_round, phases.index(phase.name)
+
+
+def _state_files(config: Config, partition_id: int, any_token: bool = False
+                 ) -> dict[Path, tuple[str, tuple[int, int]]]:
+    """This client's state files: path -> (token, position)."""
     token = str(config.get(STATE_TOKEN_KEY, "") or "run")
-    out: dict[Path, tuple[str, int]] = {}
+    out: dict[Path, tuple[str, tuple[int, int]]] = {}
     for path in state_dir(config).glob(f"client_{partition_id}.*.r*.pt"):
         parts = path.name[:-len(".pt")].split(".")
-        if len(parts) != 3 or not parts[2][1:].isdigit():
+        match = _POSITION.fullmatch(parts[2]) if len(parts) == 3 else None
+        if match is None:
             continue
+        place = TRAIN_POSITION if match[2] is None else int(match[2])
         if any_token or parts[1] == token:
-            out[path] = (parts[1], int(parts[2][1:]))
+            out[path] = (parts[1], (int(match[1]), place))
     return out
 
 
-def state_file(config: Config, partition_id: int, server_round: int) -> Path:
+def state_file(config: Config, partition_id: int, server_round: int,
+               phase: Phase | None = None) -> Path:
     token = str(config.get(STATE_TOKEN_KEY, "") or "run")
-    return state_dir(config) / f"client_{partition_id}.{token}.r{server_round:06d}.pt"
+    rnd, place = _position(config, server_round, phase)
+    suffix = "" if place == TRAIN_POSITION else f"p{place}"
+    return state_dir(config) / f"client_{partition_id}.{token}.r{rnd:06d}{suffix}.pt"
 
 
-def load_state_file(config: Config, partition_id: int, server_round: int) -> bytes | None:
-    """The client's state from the last round before ``server_round`` it trained in."""
-    older = [(rnd, p) for p, (_, rnd) in _state_files(config, partition_id).items()
-             if rnd < server_round]
+def load_state_file(config: Config, partition_id: int, server_round: int,
+                    phase: Phase | None = None) -> bytes | None:
+    """The client's state from the last phase it ran before this one (``phase``: the
+    train phase when None)."""
+    here = _position(config, server_round, phase)
+    older = [(pos, p) for p, (_, pos) in _state_files(config, partition_id).items() if pos < here]
     if not older:
         return None
     return max(older)[1].read_bytes()
 
 
-def save_state_file(config: Config, partition_id: int, server_round: int, blob: bytes) -> Path:
-    """Write this round's state atomically; keep only it and the newest older one."""
-    path = state_file(config, partition_id, server_round)
+def save_state_file(config: Config, partition_id: int, server_round: int, blob: bytes,
+                    phase: Phase | None = None) -> Path:
+    """Write this phase's state atomically; keep only it and the newest older one."""
+    path = state_file(config, partition_id, server_round, phase)
+    here = _position(config, server_round, phase)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
     tmp.write_bytes(blob)
     os.replace(tmp, path)
     mine = _state_files(config, partition_id)
-    older = [(rnd, p) for p, (_, rnd) in mine.items() if rnd < server_round]
+    older = [(pos, p) for p, (_, pos) in mine.items() if pos < here]
     keep = {path} | ({max(older)[1]} if older else set())
     for other in _state_files(config, partition_id, any_token=True):
         if other not in keep:
@@ -236,26 +260,50 @@ def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes |
     return trainer
 
 
-def train_round(
+def phase_round(
     data: Data,
     num_classes: int,
     config: Config,
-    payload: Arrays,
+    phase: Phase,
+    arrays: Arrays,
     state: bytes | None,
     server_round: int,
     partition_id: int,
     device: torch.device | None = None,
 ) -> RoundOutput:
-    """One round on one client: restore, apply the server's payload, train, evaluate."""
+    """One phase on one client, as a ClientApp runs it: restore the trainer from
+    ``state``, handle the phase, serialise the state again."""
     t0 = time.perf_counter()
     trainer = restore_trainer(data, num_classes, config, state, device or pick_device())
     restore = time.perf_counter() - t0
-    out = run_round(trainer, config, payload, server_round, partition_id)
+    out = run_phase(trainer, config, phase, arrays, server_round, partition_id)
     t1 = time.perf_counter()
     out.state = state_to_bytes(trainer.local_state())
     out.timings["time-setup"] += restore
     out.timings["time-pack"] += time.perf_counter() - t1
     return out
+
+
+def run_phase(trainer, config: Config, phase: Phase, arrays: Arrays, server_round: int,
+              partition_id: int) -> RoundOutput:
+    """Handle one phase on a restored trainer (``state`` left empty: the caller
+    serialises it when it must keep it)."""
+    if phase.name == TRAIN:
+        return run_round(trainer, config, arrays, server_round, partition_id)
+    t0 = time.perf_counter()
+    trainer.config = config
+    # Its own stream per phase, so adding a phase never shifts the train phase's draws.
+    torch.manual_seed(int(config["seed"]) * 1_000_003 + partition_id * 10_007 + server_round
+                      + 7_919 * (1 + [p.name for p in trainer.phases].index(phase.name)))
+    reply = trainer.run_phase(phase, arrays)
+    t1 = time.perf_counter()
+    return RoundOutput(
+        upload={k: np.ascontiguousarray(v) for k, v in reply.arrays.items()},
+        signature={k: np.ascontiguousarray(v, dtype=np.float32) for k, v in reply.signature.items()},
+        metrics={k: float(v) for k, v in reply.metrics.items()},
+        state=b"",
+        timings={"time-phase": t1 - t0},
+    )
 
 
 def run_round(trainer, config: Config, payload: Arrays, server_round: int,

@@ -1,9 +1,9 @@
-"""The same federation without Flower: one process, clients trained in turn.
+"""The in-process transport: the same federation without Flower, clients trained in turn.
 
-Used to measure Flower's overhead (same client code, same aggregator, no
-messaging) and by tests that need many rounds quickly. Results are identical to
-the Flower simulation for the same config on CPU. It checkpoints every round and
-honours ``resume`` and ``client-state=file`` exactly as the Flower apps do.
+Used by ``fedgraph-experiments``, by tests that need many rounds quickly, and to
+measure Flower's overhead (same client code, same driver, no messaging). For the
+same config on CPU it gives the numbers of a Flower simulation, checkpoints every
+round, and honours ``resume`` and ``client-state=file`` as the Flower apps do.
 """
 
 from __future__ import annotations
@@ -12,10 +12,59 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..algorithms.base import Arrays, Config, Phase
 from ..config import resolve_config
 from . import client_runtime as rt
-from .federation import ClientReply, Federation, nbytes
+from .driver import RoundDriver
+from .federation import ClientReply, nbytes
 from .records import signature_floats
+from .transport import Exchange, Transport
+
+
+class InProcessTransport(Transport):
+    """Each client's data loaded once; its trainer kept alive between phases (what a
+    ClientApp restores from ``context.state``), or restored from its state file with
+    ``client-state=file``, exactly as the ClientApp does."""
+
+    def __init__(self) -> None:
+        self.device = rt.pick_device()
+        self.data: dict[int, Any] = {}
+        self.num_classes: dict[int, int] = {}
+        self.trainers: dict[int, Any] = {}
+
+    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
+        k = int(config["num-clients"])
+        roster = {}
+        for cid in range(k):
+            identity = rt.identify({"partition-id": cid, "num-partitions": k}, config)
+            self.data[cid], self.num_classes[cid] = rt.load_client_data(identity, config)
+            roster[cid] = rt.describe(self.data[cid], self.num_classes[cid], identity, self.device)
+        return roster
+
+    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
+                 timeout: float) -> Exchange:
+        t0 = time.perf_counter()
+        out = Exchange()
+        server_round = int(config["server-round"])
+        num_classes = int(config["num-classes-global"])
+        for cid, arrays in requests.items():
+            if config["client-state"] == "file":
+                state = rt.load_state_file(config, cid, server_round, phase)
+                result = rt.phase_round(self.data[cid], num_classes, config, phase, arrays,
+                                        state, server_round, cid, self.device)
+                rt.save_state_file(config, cid, server_round, result.state, phase)
+                extra = {"state-bytes": len(result.state)}
+            else:
+                if cid not in self.trainers:
+                    self.trainers[cid] = rt.restore_trainer(self.data[cid], num_classes, config,
+                                                            None, self.device)
+                result = rt.run_phase(self.trainers[cid], config, phase, arrays, server_round, cid)
+                extra = {}
+            metrics = {**result.metrics, **result.timings, "partition-id": cid, **extra}
+            out.replies[cid] = ClientReply(result.upload, result.signature, metrics,
+                                           nbytes(result.upload) + 4 * signature_floats(result.signature))
+            out.waits[cid] = time.perf_counter() - t0
+        return out
 
 
 def run_federation(
@@ -25,59 +74,7 @@ def run_federation(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a whole federation in-process; return the results dict (and write files)."""
-    log = log or (lambda msg: None)
     config = resolve_config(None, overrides)
-    k = int(config["num-clients"])
-    clients = {}
-    roster = {}
-    device = rt.pick_device()
-    for cid in range(k):
-        identity = rt.identify({"partition-id": cid, "num-partitions": k}, config)
-        data, num_classes = rt.load_client_data(identity, config)
-        clients[cid] = data
-        roster[cid] = rt.describe(data, num_classes, identity, device)
-    fed = Federation(config, roster, log=log)
-    first = fed.first_round()  # 1, or after the checkpoint's last round (resume=true)
-    # Client state between rounds: with client-state=file in the same per-client files as
-    # the ClientApp uses; otherwise each client's trainer simply stays alive between rounds
-    # (what a ClientApp restores from context.state; tests/test_engine.py checks both
-    # give the same numbers for every algorithm).
-    trainers: dict[int, Any] = {}
-    in_files = config["client-state"] == "file"
-    for server_round in range(first, int(config["rounds"]) + 1):
-        t0 = time.perf_counter()
-        sampled = fed.sample(server_round)
-        replies: dict[int, ClientReply] = {}
-        sent = {}
-        waits = {}
-        client_config = fed.client_config(server_round)
-        for cid in sampled:
-            payload = fed.payload_for(cid)
-            sent[cid] = nbytes(payload)
-            if in_files:
-                state = rt.load_state_file(client_config, cid, server_round)
-                out = rt.train_round(clients[cid], fed.num_classes, client_config, payload,
-                                     state, server_round, cid, device)
-                rt.save_state_file(client_config, cid, server_round, out.state)
-                extra = {"state-bytes": len(out.state)}
-            else:
-                if cid not in trainers:
-                    trainers[cid] = rt.restore_trainer(clients[cid], fed.num_classes,
-                                                       client_config, None, device)
-                out = rt.run_round(trainers[cid], client_config, payload, server_round, cid)
-                extra = {}
-            metrics = {**out.metrics, **out.timings, "partition-id": cid, **extra}
-            replies[cid] = ClientReply(out.upload, out.signature, metrics,
-                                       nbytes(out.upload) + 4 * signature_floats(out.signature))
-            waits[cid] = time.perf_counter() - t0
-        wait = time.perf_counter() - t0
-        record = fed.complete_round(server_round, sampled, replies, {}, sent,
-                                    times={"wait": wait}, waits=waits)
-        record.times["round"] = time.perf_counter() - t0
-        if write:
-            fed.save_checkpoint()
-        log(f"round {server_round}: mean val {100 * record.mean('val_metric'):.2f} "
-            f"test {100 * record.mean('test_metric'):.2f}")
-    if write:
-        fed.write_results()
-    return fed.results()
+    driver = RoundDriver(config, InProcessTransport(), log=log, write=write)
+    return driver.run().results()
+

@@ -1,0 +1,69 @@
+"""Checkpoints: everything a run needs to continue after its last completed round,
+written atomically after every round, and read back by ``resume=true``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..algorithms.base import Config
+from ..config import ConfigError
+from . import state_codec
+from .recorder import atomic_write
+
+# Config keys that may change between a run and its resume (limits, paths, logging);
+# every other key must match the checkpoint's, or resuming would mix two experiments.
+RESUMABLE_CHANGES = frozenset({
+    "rounds", "resume", "fail-fast", "round-timeout", "handshake-timeout", "min-clients",
+    "verbose", "output-dir", "data-root", "partition-dir", "config-file", "client-state",
+    "client-state-dir", "max-array-bytes",
+})
+
+
+def to_numpy(obj: Any) -> Any:
+    """Tensors (as the codec stores numpy arrays) back to numpy, in nested containers."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy(v) for v in obj)
+    return obj
+
+
+class Checkpointer:
+    """``<out_dir>/checkpoint.pt``, in the engine's own codec (no pickle)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / "checkpoint.pt"
+
+    def save(self, config: Config, state: dict[str, Any]) -> None:
+        state = {**state, "config_json": json.dumps(config, default=str)}
+        atomic_write(self.path, lambda fh: fh.write(state_codec.encode(state)))
+
+    def load(self, config: Config) -> dict[str, Any]:
+        """The saved state; a one-line ConfigError if it is missing, unreadable or of
+        another run (a key outside :data:`RESUMABLE_CHANGES` differs)."""
+        if not self.path.is_file():
+            raise ConfigError(f"resume=true but there is no checkpoint at {self.path}")
+        try:
+            state = state_codec.decode(self.path.read_bytes())
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+            raise ConfigError(f"resume=true but {self.path} is unreadable: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                              ) from None
+        if "config_json" in state:
+            saved = json.loads(state["config_json"])
+            changed = [k for k in sorted(set(saved) | set(config))
+                       if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k)]
+            if changed:
+                detail = ", ".join(f"{k}={saved.get(k)!r} -> {config.get(k)!r}"
+                                   for k in changed[:4])
+                raise ConfigError(f"resume=true but the checkpoint at {self.path} is "
+                                  f"of a different run ({detail}); use the same settings or "
+                                  f"another run-name")
+        return to_numpy({k: v for k, v in state.items() if k != "diagnostics"}) | {
+            "diagnostics": {n: [t.numpy() for t in v] for n, v in state["diagnostics"].items()}}

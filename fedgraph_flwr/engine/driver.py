@@ -1,0 +1,156 @@
+"""The round driver: the one loop that runs a federation, over any :class:`~.transport.Transport`.
+
+Why not a Flower ``Strategy``: a Strategy's round is one train and one evaluate
+exchange of a single global ``ArrayRecord``; ours is the algorithm's ordered phases
+(:mod:`fedgraph_flwr.algorithms.base`), each sending every client its own arrays, and
+it must run the same way without Flower (in process). So the ServerApp's ``main``
+hands its ``Grid`` to a transport and this driver runs over it: Flower's public
+``Grid`` and ``Message`` API is all the server side uses.
+
+One run: connect (wait for the clients, handshake) -> set up the federation (or
+resume it) -> the ``before-first-round`` phases -> per round, each ``every-round``
+phase in order, the train phase last (aggregate, record) -> checkpoint -> results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..algorithms.base import AggregateResult, Config, Phase
+from ..config import ConfigError, default_run_name
+from .federation import ClientReply, Federation, nbytes
+from .transport import Exchange, Transport
+
+
+class RunAborted(RuntimeError):
+    """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason."""
+
+
+class RoundDriver:
+    """Runs one federation from handshake to results files."""
+
+    def __init__(self, config: Config, transport: Transport,
+                 log: Callable[[str], None] | None = None, *, write: bool = True) -> None:
+        self.config = dict(config)
+        if not self.config.get("run-name"):
+            self.config["run-name"] = default_run_name(self.config)
+        self.transport = transport
+        self.log = log or (lambda msg: None)
+        self.write = write
+        self.federation: Federation | None = None
+
+    def run(self) -> Federation:
+        self.log(f"fedgraph-flwr: algorithm={self.config['algorithm']} "
+                 f"dataset={self.config['dataset']} clients={self.config['num-clients']} "
+                 f"rounds={self.config['rounds']}")
+        roster = self.transport.connect(self.config)
+        try:
+            fed = self.federation = Federation(self.config, roster, log=self.log)
+            first = fed.first_round()
+        except ConfigError as exc:
+            raise RunAborted(str(exc)) from None
+        if first == 1:
+            self.precompute(fed)
+        for server_round in range(first, int(self.config["rounds"]) + 1):
+            self.run_round(fed, server_round)
+            if self.write:
+                fed.save_checkpoint()
+        if self.write:
+            out = fed.write_results()
+            from ..summary import format_summary
+
+            self.log(format_summary(fed.results()))
+            self.log(f"results written to {out.resolve()}")
+        return fed
+
+    # --- phases ---------------------------------------------------------------------
+    def send(self, fed: Federation, phase: Phase, server_round: int, clients: list[int]
+             ) -> tuple[Exchange, dict[int, int]]:
+        """One phase's exchange; returns it and the bytes sent to each client."""
+        requests = fed.requests(phase, server_round, clients)
+        exchange = self.transport.exchange(phase, requests, fed.client_config(server_round),
+                                           float(self.config["round-timeout"]))
+        for cid in clients:
+            if cid not in exchange.replies and cid not in exchange.failures:
+                exchange.failures[cid] = "missing: no reply before round-timeout"
+        for cid, reason in sorted(exchange.failures.items()):
+            where = "" if phase.name == "train" else f" in phase {phase.name}"
+            self.log(f"round {server_round}: client {cid} failed{where}: {reason}")
+        return exchange, {c: nbytes(a) for c, a in requests.items()}
+
+    def precompute(self, fed: Federation) -> None:
+        """The ``before-first-round`` phases, on every client, as round 0."""
+        for phase in fed.phases_when("before-first-round"):
+            t0 = time.perf_counter()
+            exchange, sent = self.send(fed, phase, 0, list(fed.client_ids))
+            self.check_fail_fast(fed, 0, exchange.failures, None)
+            failures = dict(exchange.failures)
+            result = fed.phase_step(phase, 0, exchange.replies, failures)
+            fed.precompute[phase.name] = {
+                "bytes_sent": sum(sent.values()),
+                "bytes_received": sum(r.bytes_received for r in exchange.replies.values()),
+                "failures": {str(c): r for c, r in sorted(failures.items())},
+                "metrics": dict(result.metrics) if result else {},
+                "seconds": time.perf_counter() - t0,
+            }
+
+    def run_round(self, fed: Federation, server_round: int) -> None:
+        t0 = time.perf_counter()
+        self.transport.refresh(self.config)
+        sampled = fed.sample(server_round)
+        sent: dict[int, int] = {}
+        failures: dict[int, str] = {}
+        earlier: list[tuple[Phase, dict[int, ClientReply], AggregateResult | None]] = []
+        active = list(sampled)
+        for phase in fed.phases_when("every-round"):
+            exchange, phase_sent = self.send(fed, phase, server_round, active)
+            for cid, b in phase_sent.items():
+                sent[cid] = sent.get(cid, 0) + b
+            if phase.name == "train":
+                break
+            failures.update({c: f"{r} (phase {phase.name})" for c, r in exchange.failures.items()})
+            self.check_fail_fast(fed, server_round, failures, (sampled, sent, t0))
+            result = fed.phase_step(phase, server_round, exchange.replies, failures)
+            earlier.append((phase, exchange.replies, result))
+            active = [c for c in active if c not in failures]  # a failed client sits out the rest
+        t_wait = time.perf_counter()
+        failures.update(exchange.failures)
+        abort = bool(exchange.failures) and bool(self.config["fail-fast"])
+        record = fed.complete_round(
+            server_round, sampled, exchange.replies, failures, sent,
+            times={"round": time.perf_counter() - t0, "wait": t_wait - t0},
+            waits=exchange.waits, aggregate=not abort, earlier=earlier,
+        )
+        record.times["round"] = time.perf_counter() - t0  # with aggregation
+        if abort:
+            self.abort(fed, server_round, failures)
+        self.log(
+            f"round {server_round}/{self.config['rounds']}: mean val "
+            f"{100 * record.mean('val_metric'):.2f} test {100 * record.mean('test_metric'):.2f} "
+            f"loss {record.mean('train_loss'):.4f} ({len(record.clients)}/{len(sampled)} "
+            f"clients, {record.times['round']:.2f}s)"
+        )
+
+    # --- failures -------------------------------------------------------------------
+    def check_fail_fast(self, fed: Federation, server_round: int, failures: dict[int, str],
+                        partial: tuple[list[int], dict[int, int], float] | None) -> None:
+        """Under ``fail-fast`` a failure in any phase ends the run (the round recorded void)."""
+        if not failures or not self.config["fail-fast"]:
+            return
+        if partial is not None:
+            sampled, sent, t0 = partial
+            fed.complete_round(server_round, sampled, {}, failures, sent,
+                               times={"round": time.perf_counter() - t0}, aggregate=False)
+        self.abort(fed, server_round, failures)
+
+    def abort(self, fed: Federation, server_round: int, failures: dict[int, str]) -> None:
+        cid, reason = sorted(failures.items())[0]
+        if reason.startswith("missing"):
+            what = (f"client {cid} sent no reply in round {server_round} within "
+                    f"round-timeout={self.config['round-timeout']} s")
+        else:
+            what = f"client {cid} failed in round {server_round} with {reason}"
+        out = fed.write_results()
+        raise RunAborted(f"fail-fast: {what} (round recorded in {(out / 'results.json').resolve()})")
+

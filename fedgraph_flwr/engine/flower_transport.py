@@ -1,0 +1,211 @@
+"""The round driver's transport over Flower's ``Grid`` (simulation and deployment).
+
+Each client gets its own message per phase: ``arrays`` (an ArrayRecord) and
+``config`` (a ConfigRecord of the keys it needs); its reply carries ``arrays`` and
+``metrics`` (a MetricRecord with the signature). Server-side state is keyed by the
+client's logical id (its partition id, learnt in the handshake), not by the
+transient node id, so a SuperNode that reconnects gets its own model back.
+Only Flower's public API is used here (``flwr.app``, ``flwr.serverapp``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from ..algorithms.base import Arrays, Config, Phase
+from ..config import client_config as client_view
+from .driver import RunAborted
+from .federation import ClientReply, nbytes
+from .records import (
+    from_array_record, from_metric_record, signature_floats, to_array_record, to_config_record,
+)
+from .transport import Exchange, Transport
+
+#: In simulation, seconds the SuperNode count must hold still before it is taken as final.
+SIMULATION_SETTLE_S = 3.0
+
+#: The first poll for replies waits this fraction of the last exchange's fastest reply,
+#: and never longer than FIRST_POLL_MAX seconds.
+FIRST_POLL_FRACTION = 0.7
+FIRST_POLL_MAX = 1.0
+
+
+def is_simulation(grid: Grid) -> bool:
+    """Flower's simulation hands the ServerApp its in-memory grid. Told apart by the
+    class's name, so that no private Flower module is imported to ask."""
+    return type(grid).__name__ == "InMemoryGrid"
+
+
+class FlowerTransport(Transport):
+    """Phases as Flower messages: ``train`` and ``train.<phase>`` actions of the ClientApp."""
+
+    def __init__(self, grid: Grid, log=print) -> None:
+        self.grid = grid
+        self.log = log
+        self.node_of: dict[int, int] = {}  # logical client id -> current node id
+        self.client_of: dict[int, int] = {}  # node id -> logical client id
+        self._fastest_reply = 0.0  # seconds until the first reply of the last exchange
+
+    # --- joining ----------------------------------------------------------------------
+    def wait_for_nodes(self, config: Config) -> list[int]:
+        """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
+
+        A deployment's SuperNodes may join over minutes (``handshake-timeout``). A
+        simulation registers all of its SuperNodes at start, so once some are there and
+        their number has not changed for ``SIMULATION_SETTLE_S`` no more will come: a
+        federation of the wrong size fails within seconds, not after the timeout.
+        """
+        want = int(config["num-clients"])
+        deadline = time.time() + float(config["handshake-timeout"])
+        simulated = is_simulation(self.grid)
+        nodes = list(self.grid.get_node_ids())
+        changed = time.time()
+        while len(nodes) < want and time.time() < deadline:
+            if simulated and nodes and time.time() - changed > SIMULATION_SETTLE_S:
+                break
+            time.sleep(0.2)
+            current = list(self.grid.get_node_ids())
+            if len(current) != len(nodes):
+                changed = time.time()
+            nodes = current
+        if len(nodes) != want:
+            raise RunAborted(
+                f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
+                f"in simulation run: flwr run . --federation-config \"num-supernodes={want}\" "
+                f"(once: flwr federation simulation-config @none/default local "
+                f"--num-supernodes {want}), or pass --run-config \"num-clients={len(nodes)}\"; "
+                f"in deployment start {want} SuperNodes"
+            )
+        return nodes
+
+    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
+        """Ask each node who it is; every client loads and validates its subgraph here."""
+        nodes = self.wait_for_nodes(config)
+        record = to_config_record(client_view(config))
+        messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
+                    for node in nodes]
+        replies, missing = self.push_and_pull(messages, float(config["handshake-timeout"]))
+        roster: dict[int, dict[str, Any]] = {}
+        problems = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                problems.append(f"node {node}: {reply.error.reason}")
+                continue
+            info = dict(reply.content["info"])
+            cid = int(info["partition-id"])
+            if cid in roster:
+                problems.append(f"node {node}: partition-id {cid} is already taken by another node")
+                continue
+            roster[cid] = info
+            self.node_of[cid] = node
+            self.client_of[node] = cid
+        if missing:
+            problems.append(f"{len(missing)} node(s) did not answer the handshake in time")
+        if problems:
+            raise RunAborted("handshake failed: " + "; ".join(problems))
+        return roster
+
+    def refresh(self, config: Config) -> None:
+        """Map nodes that (re)connected since the handshake, so a returning client
+        gets its personalized model back under its new node id."""
+        unknown = set(self.grid.get_node_ids()) - set(self.client_of)
+        if not unknown:
+            return
+        record = to_config_record(client_view(config))
+        messages = [Message(RecordDict({"config": record}), n, "query", group_id="rejoin")
+                    for n in unknown]
+        replies, _ = self.push_and_pull(messages, float(config["round-timeout"]))
+        for reply in replies:
+            if reply.has_error():
+                continue
+            cid = int(reply.content["info"]["partition-id"])
+            old = self.node_of.get(cid)
+            if old is not None:
+                self.client_of.pop(old, None)
+            self.node_of[cid] = reply.metadata.src_node_id
+            self.client_of[reply.metadata.src_node_id] = cid
+            self.log(f"client {cid} (re)joined as node {reply.metadata.src_node_id}")
+
+    # --- one phase --------------------------------------------------------------------
+    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
+                 timeout: float) -> Exchange:
+        record = to_config_record(config)
+        group = f"{config['server-round']}" + ("" if phase.name == "train" else f".{phase.name}")
+        messages = [Message(RecordDict({"arrays": to_array_record(arrays), "config": record}),
+                            self.node_of[cid], phase.message_type, group_id=group)
+                    for cid, arrays in requests.items()]
+        replies, _ = self.push_and_pull(messages, timeout)
+        out = Exchange()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            cid = self.client_of.get(node)
+            if cid is not None and node in self._reply_wait:
+                out.waits[cid] = self._reply_wait[node]
+            if reply.has_error():
+                reason = f"error {reply.error.code}: {reply.error.reason}"
+                if cid is None:
+                    self.log(f"round {config['server-round']}: unknown node {node} failed: {reason}")
+                else:
+                    out.failures[cid] = reason
+                continue
+            metrics, signature = from_metric_record(reply.content["metrics"])
+            upload = from_array_record(reply.content["arrays"])
+            reported = int(metrics.get("partition-id", -1))
+            if cid is None or reported != cid:
+                self.log(f"round {config['server-round']}: reply from node {node} claims client "
+                         f"{reported}, expected {cid}; ignored")
+                continue
+            out.replies[cid] = ClientReply(upload, signature, metrics,
+                                           nbytes(upload) + 4 * signature_floats(signature))
+        return out
+
+    def push_and_pull(self, messages: list[Message], timeout: float
+                      ) -> tuple[list[Message], set[str]]:
+        """Push, then pull with a short poll interval until all replies or the timeout.
+
+        Flower's ``send_and_receive`` sleeps 0.1-3 s between polls, which would
+        dominate a round on small graphs; this loop starts at 2 ms and backs off.
+        Against a real SuperLink every push, poll and object is one request to a
+        single process, so: each message is pushed on its own (a SuperNode fetches its
+        model while the next one uploads, instead of all of them retrying until the
+        last upload ends), and the first poll waits for 70% of the last exchange's
+        fastest reply, at most 1 s (no reply comes much sooner; earlier polls only add
+        requests).
+        """
+        t0 = time.perf_counter()
+        pending: set[str] = set()
+        for message in messages:
+            pending.update(self.grid.push_messages([message]))
+        replies: list[Message] = []
+        self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
+        deadline = time.time() + timeout
+        first_poll = min(FIRST_POLL_FRACTION * self._fastest_reply, FIRST_POLL_MAX, timeout)
+        if pending and first_poll > time.perf_counter() - t0:
+            time.sleep(first_poll - (time.perf_counter() - t0))
+        pause = 0.002
+        polls = 0
+        in_at_first_poll = False
+        while pending and time.time() < deadline:
+            got = list(self.grid.pull_messages(pending))
+            polls += 1
+            in_at_first_poll |= polls == 1 and bool(got)
+            now = time.perf_counter() - t0
+            for msg in got:
+                pending.discard(msg.metadata.reply_to_message_id)
+                self._reply_wait[msg.metadata.src_node_id] = now
+            replies.extend(got)
+            if pending and not got:
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.05)
+        if self._reply_wait:
+            # A reply already in at the first poll came at an unknown time before it (a
+            # slow round, e.g. the first with its data loading, must not hold back the
+            # next ones): aim lower next time.
+            fastest = min(self._reply_wait.values())
+            self._fastest_reply = fastest / 2 if in_at_first_poll else fastest
+        return replies, pending

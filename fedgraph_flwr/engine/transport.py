@@ -1,0 +1,47 @@
+"""How the round driver reaches clients: one small interface, two implementations.
+
+- :class:`~.flower_transport.FlowerTransport`: Flower's ``Grid`` (simulation and
+  deployment); the only server-side code that touches Flower.
+- :class:`~.loop.InProcessTransport`: the clients' code called directly, in turn, in
+  this process (``fedgraph-experiments``, tests, overhead measurements).
+
+Both run the same client code (:mod:`~.client_runtime`), so a config and seed give the
+same numbers through either.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..algorithms.base import Arrays, Config, Phase
+from .federation import ClientReply
+
+
+@dataclass
+class Exchange:
+    """One phase's outcome: the decoded replies, why the others failed, and per client
+    the seconds from the phase's send to its reply."""
+
+    replies: dict[int, ClientReply] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+    waits: dict[int, float] = field(default_factory=dict)
+
+
+class Transport(ABC):
+    """Moves one phase's requests to clients and their replies back."""
+
+    @abstractmethod
+    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
+        """Wait for the federation's clients and return each one's handshake facts
+        (:func:`~.client_runtime.describe`), keyed by logical client id."""
+
+    def refresh(self, config: Config) -> None:
+        """Between rounds: take in clients that (re)joined since the handshake."""
+
+    @abstractmethod
+    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
+                 timeout: float) -> Exchange:
+        """Send each client its arrays with ``config`` for ``phase``; collect replies
+        until all are in or ``timeout`` seconds pass (the rest fail as missing)."""
