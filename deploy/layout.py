@@ -102,7 +102,7 @@ def executor_cmd(ca: str, runtime_address: str) -> list[str]:
 
 def clientapp_executor_cmd(ca: str, runtime_address: str) -> list[str]:
     """``fedgraph-superexec``: ``flower-superexec`` whose per-message ClientApp processes
-    fork from a parent that has imported torch/PyG once (fedgraph_flwr/engine/forking_superexec.py).
+    fork from a parent that has imported torch/PyG once (fedgraph_flwr/engine/accelerate/).
     ``flower-superexec`` with the same flags works too, seconds slower per round."""
     return ["fedgraph-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
 
@@ -120,7 +120,7 @@ def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
                   runtime_port: int = SUPERNODE_RUNTIME_PORT,
                   partition_id: int | None = None) -> list[str]:
     """``fedgraph-supernode`` (``flower-supernode`` with its 3 s idle poll capped, see
-    fedgraph_flwr/engine/fast_poll_supernode.py): TLS to the SuperLink, auth key, its
+    fedgraph_flwr/engine/accelerate/): TLS to the SuperLink, auth key, its
     partition, local Runtime API. ``flower-supernode`` takes the same flags."""
     return [
         "fedgraph-supernode",

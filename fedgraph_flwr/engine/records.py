@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
-from flwr.common.constant import SType
 
 from ..algorithms.base import Arrays
 from . import framing
@@ -40,6 +39,8 @@ SIG, SIGSHAPE = "sig.", "sigshape."
 
 PACKED = "packed"
 PACK_MAGIC = b"FGARRS1\0"
+#: The serialization type Flower gives an Array made from a numpy array.
+NUMPY_STYPE = Array(np.zeros(0, np.uint8)).stype
 
 
 def pack_arrays(arrays: Arrays) -> bytes:
@@ -90,7 +91,7 @@ def bytes_to_array(blob: bytes) -> Array:
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         header, {"descr": "|u1", "fortran_order": False, "shape": (len(blob),)})
-    return Array(dtype="uint8", shape=(len(blob),), stype=SType.NUMPY,
+    return Array(dtype="uint8", shape=(len(blob),), stype=NUMPY_STYPE,
                  data=header.getvalue() + blob)
 
 

@@ -1,8 +1,11 @@
 """``fedgraph-superexec``: Flower's SuperExec with a pre-imported fork server for ClientApps.
 
-Flower 1.41's SuperExec runs every message's ClientApp as a fresh ``flwr-clientapp``
-process (``SubprocessExecutor``). That process imports torch, PyG and this package
-before it trains for milliseconds on a small subgraph, so a deployed round costs
+Reached through :func:`fedgraph_flwr.engine.accelerate.superexec_main`, which runs stock
+``flower-superexec`` instead on a Flower this was not tested with, or off Linux.
+
+Flower's SuperExec (1.41 and 1.42) runs every message's ClientApp as a fresh
+``flwr-clientapp`` process (``SubprocessExecutor``). That process imports torch, PyG and
+this package before it trains for milliseconds on a small subgraph, so a deployed round costs
 seconds of imports per client. This command is ``flower-superexec`` (same flags,
 same poll loop, same Runtime API protocol) whose executor imports those modules
 once and then ``fork()``s one child per ClientApp task. The child runs Flower's own
@@ -11,8 +14,8 @@ process per message still, each with its own memory, so a crash or leak in one
 ClientApp cannot touch the next; only the import cost is shared (copy-on-write).
 
 Other task types (ServerApp, simulation) are launched as Flower does, by
-subprocess. Forking after importing torch is safe on Linux; on macOS (whose system
-frameworks are not fork-safe) and Windows use ``flower-superexec``.
+subprocess. Forking after importing torch is safe on Linux, not on macOS (whose system
+frameworks are not fork-safe) or Windows.
 
 Fork safety: the parent only imports and builds four 1x1 PyG layers (to compile their
 templates; single-number parameter init, no parallel torch op, CUDA never initialised,
@@ -23,7 +26,6 @@ re-creates the telemetry lock a parent thread might have held at fork time.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import os
@@ -40,12 +42,6 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult
 from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
 from flwr.supercore.tls import validate_and_resolve_root_certificates
 from flwr.supernode.runtime.run_clientapp import run_clientapp
-
-#: What the fork server imports before serving: the heavy part of a ClientApp's start.
-#: ``pkg.*`` is every module of package ``pkg``: all ClientApp code then comes from the
-#: installed package, none from the FAB's copy (a namespace package would mix the two).
-DEFAULT_PRELOAD = ("torch", "torch_geometric", "fedgraph_flwr.engine.client_app",
-                   "fedgraph_flwr.algorithms.*", "fedgraph_flwr.data.*", "fedgraph_flwr.nn.*")
 
 
 class ForkingClientAppExecutor(SubprocessExecutor):
@@ -191,7 +187,7 @@ def compile_message_passing_templates() -> list[str]:
     numbers, no thread pool, no CUDA), every child inherits the compiled class."""
     from torch_geometric.nn import GCNConv, SAGEConv, SGConv
 
-    from ..nn.masked import MaskedGCNConv
+    from ...nn.masked import MaskedGCNConv
 
     layers = (GCNConv(1, 1), MaskedGCNConv(1, 1), SGConv(1, 1), SAGEConv(1, 1))
     return [type(layer).__name__ for layer in layers]
@@ -217,38 +213,21 @@ def preload(modules: Sequence[str]) -> list[str]:
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``fedgraph-superexec [--preload MOD ...] <flower-superexec flags>``."""
-    if not hasattr(os, "fork") or sys.platform == "darwin":
-        raise SystemExit("fedgraph-superexec forks after importing torch, which is only safe "
-                         "on Linux; use flower-superexec (same flags) here.")
-    ours = argparse.ArgumentParser(
-        prog="fedgraph-superexec", add_help=False,
-        description="flower-superexec whose ClientApp processes fork from a pre-imported parent.")
-    ours.add_argument("--preload", action="append", metavar="MODULE",
-                      help=f"module to import before serving (repeatable; default: "
-                           f"{' '.join(DEFAULT_PRELOAD)})")
-    args, rest = ours.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    if "--executor" in rest or any(a.startswith("--executor=") for a in rest):
+def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
+    """``flower-superexec <flower_args>`` whose ClientApps fork after importing ``modules``."""
+    if "--executor" in flower_args or any(a.startswith("--executor=") for a in flower_args):
         raise SystemExit("fedgraph-superexec brings its own executor; drop --executor "
                          "(or use flower-superexec for the kubernetes one).")
-    if "-h" not in rest and "--help" not in rest and "-V" not in rest and "--version" not in rest:
-        names = preload(args.preload or DEFAULT_PRELOAD)
+    if not {"-h", "--help", "-V", "--version"} & set(flower_args):
+        names = preload(modules)
         compile_message_passing_templates()
         log(INFO, "fedgraph-superexec: preloaded %d modules (%s); ClientApps fork from pid %d",
-            len(names), " ".join(args.preload or DEFAULT_PRELOAD), os.getpid())
+            len(names), " ".join(modules), os.getpid())
 
     # The modules, not the same-named functions their packages re-export.
     cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
     loop = importlib.import_module("flwr.supercore.superexec.run_superexec")
-
     executor = ForkingClientAppExecutor()
-    if not hasattr(loop, "get_executor"):  # pragma: no cover -- a Flower we did not pin
-        raise SystemExit("this flwr has no run_superexec.get_executor; pin flwr as pyproject does")
     loop.get_executor = lambda *a, **k: executor  # the one seam SuperExec offers
-    sys.argv = ["fedgraph-superexec", *rest]
+    sys.argv = ["fedgraph-superexec", *flower_args]
     cli.flower_superexec()
-
-
-if __name__ == "__main__":
-    main()

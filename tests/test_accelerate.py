@@ -1,9 +1,11 @@
-"""fedgraph-superexec's fork server, without a SuperNode (tests/test_deploy.py runs it
-for real: every ClientApp of that deployment is one of its forked children).
+"""The speed-ups of fedgraph_flwr.engine.accelerate on the Flower we test with (the
+guard that sets them aside on another is in tests/test_flower_surface.py).
 
-What is checked here is the part Flower does not do for us: the child gets the task's
-token and address, leaves with run_clientapp's exit code, never runs the exit handlers
-it inherited from the SuperExec parent, and the parent reaps it.
+fedgraph-superexec's fork server is checked without a SuperNode (tests/test_deploy.py
+runs it for real: every ClientApp of that deployment is one of its forked children):
+the part Flower does not do for us: the child gets the task's token and address, leaves
+with run_clientapp's exit code, never runs the exit handlers it inherited from the
+SuperExec parent, and the parent reaps it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,16 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.exit import exit_handler
 from flwr.supercore.superexec.executor import ExecutionSpec
 
-from fedgraph_flwr.engine import forking_superexec as fse
+from fedgraph_flwr.engine import accelerate
+from fedgraph_flwr.engine.accelerate import superexec as fse
+from fedgraph_flwr.engine.accelerate import supernode as fps
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX-only")
+
+
+def test_the_installed_flower_is_a_tested_one():
+    """Otherwise every test below exercises code that the commands would set aside."""
+    assert accelerate.flower_is_tested(), accelerate.flower_version()
 
 
 def _spec(token: str, task_type: TaskType = TaskType.CLIENT_APP) -> ExecutionSpec:
@@ -83,9 +92,11 @@ def test_child_exit_code_is_reported(tmp_path, monkeypatch, caplog):
 
 def test_cli_refuses_another_executor_and_unknown_preloads():
     with pytest.raises(SystemExit, match="brings its own executor"):
-        fse.main(["--executor", "kubernetes", "--runtime-api-address", "127.0.0.1:9094"])
+        accelerate.superexec_main(["--executor", "kubernetes",
+                                   "--runtime-api-address", "127.0.0.1:9094"])
     with pytest.raises(SystemExit, match="cannot preload 'no_such_module_xyz'"):
-        fse.main(["--preload", "no_such_module_xyz", "--runtime-api-address", "127.0.0.1:9094"])
+        accelerate.superexec_main(["--preload", "no_such_module_xyz",
+                                   "--runtime-api-address", "127.0.0.1:9094"])
 
 
 # --- fedgraph-supernode: flower-supernode with its poll waits capped -------------------
@@ -94,8 +105,6 @@ def test_supernode_poll_cap_applies_to_the_loop_module_only(monkeypatch):
     import time as real_time
 
     from flwr.supercore.inflatable import inflatable_utils
-
-    from fedgraph_flwr.engine import fast_poll_supernode as fps
 
     loop = importlib.import_module(fps.SUPERNODE_LOOP_MODULE)
     assert loop.time is real_time  # the Flower we pin: the seam exists
@@ -115,34 +124,29 @@ def test_supernode_poll_cap_applies_to_the_loop_module_only(monkeypatch):
 
 
 def test_supernode_poll_interval_is_validated():
-    from fedgraph_flwr.engine import fast_poll_supernode as fps
-
     with pytest.raises(SystemExit):
-        fps.main(["--poll-interval", "0", "--insecure"])
+        accelerate.supernode_main(["--poll-interval", "0", "--insecure"])
 
 
 def test_serverapp_retries_reply_objects_sooner(monkeypatch):
     """The ServerApp's grid pulls a reply's objects with inflatable_utils.pull_objects
-    (the seam in the flwr we pin); run_server sets its first retry to 20 ms, not 1 s."""
+    (the seam in the flwr we test with); speed_up_reply_pulls sets its first retry to
+    20 ms, not 1 s."""
     from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
-
-    from fedgraph_flwr.engine import server_app
 
     assert http_grid.pull_objects is inflatable_utils.pull_objects
     defaults = inflatable_utils.pull_objects.__kwdefaults__
     monkeypatch.setitem(defaults, "initial_backoff", defaults["initial_backoff"])
     monkeypatch.setitem(defaults, "backoff_cap", defaults["backoff_cap"])
-    server_app.retry_reply_objects_sooner()
-    assert (defaults["initial_backoff"], defaults["backoff_cap"]) == server_app.REPLY_PULL_BACKOFF
+    assert accelerate.speed_up_reply_pulls() is True
+    assert (defaults["initial_backoff"], defaults["backoff_cap"]) == accelerate.REPLY_PULL_BACKOFF
 
 
 def test_supernode_waits_on_its_own_state_briefly(monkeypatch):
     """Flower's 3 s idle wait polls the SuperLink: capped at the poll interval. Its 0.5 s
     waits check the SuperNode's own in-memory state for a ClientApp's reply: capped at
     LOCAL_WAIT."""
-    from fedgraph_flwr.engine import fast_poll_supernode as fps
-
     slept: list[float] = []
     monkeypatch.setattr(fps.time, "sleep", slept.append)
     capped = fps.CappedSleepTime(0.2)
@@ -195,7 +199,7 @@ def test_fork_server_compiles_message_passing_once(tmp_path):
 
     code = textwrap.dedent("""
         import glob, tempfile, os
-        from fedgraph_flwr.engine import forking_superexec as fse
+        from fedgraph_flwr.engine.accelerate import superexec as fse
         names = fse.compile_message_passing_templates()
         pattern = os.path.join(tempfile.gettempdir(), "*_propagate_*.py")
         before = set(glob.glob(pattern))

@@ -1,8 +1,11 @@
 """``fedgraph-supernode``: ``flower-supernode`` that waits less between its polls.
 
-Flower 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) sleeps 3 s
-whenever the SuperLink has no message for it, and 0.5 s between checks for its
-ClientApp's reply. In a federated round every SuperNode that replied before the
+Reached through :func:`fedgraph_flwr.engine.accelerate.supernode_main`, which runs stock
+``flower-supernode`` instead on a Flower this was not tested with.
+
+Flower's SuperNode loop (``flwr/supernode/start_client_internal.py``, 1.41 and 1.42)
+sleeps 3 s whenever the SuperLink has no message for it, and 0.5 s between checks for
+its ClientApp's reply. In a federated round every SuperNode that replied before the
 slowest one has gone back to its 3 s sleep by the time the server sends the next
 round, so a round can never take less than about 3 s, however small the training.
 And a message's metadata reaches the SuperNode while the ServerApp is still uploading
@@ -20,13 +23,11 @@ which is why it is a flag.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import time
 from collections.abc import Sequence
 
-DEFAULT_POLL_INTERVAL = 0.2
 #: Longest wait between checks of the SuperNode's own state for a ClientApp's reply.
 LOCAL_WAIT = 0.01
 #: The module whose ``time.sleep`` calls are the SuperNode's poll waits.
@@ -54,10 +55,6 @@ class CappedSleepTime:
 def cap_supernode_polls(cap: float) -> None:
     """Install :class:`CappedSleepTime` into Flower's SuperNode loop module."""
     loop = importlib.import_module(SUPERNODE_LOOP_MODULE)
-    current = getattr(loop, "time", None)
-    if current is not time and not isinstance(current, CappedSleepTime):
-        raise SystemExit(f"{SUPERNODE_LOOP_MODULE} no longer uses the time module; "
-                         "this flwr is not the one pyproject pins (use flower-supernode)")
     loop.time = CappedSleepTime(cap)
     from flwr.supercore.inflatable import inflatable_utils
 
@@ -66,24 +63,9 @@ def cap_supernode_polls(cap: float) -> None:
     defaults["initial_backoff"], defaults["backoff_cap"] = cap, max(cap, 1.0)
 
 
-def _interval(text: str) -> float:
-    value = float(text)
-    if not 0.01 <= value <= 3.0:
-        raise argparse.ArgumentTypeError(f"--poll-interval must be in [0.01, 3] s, got {text}")
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``fedgraph-supernode [--poll-interval S] <flower-supernode flags>``."""
-    ours = argparse.ArgumentParser(prog="fedgraph-supernode", add_help=False)
-    ours.add_argument("--poll-interval", type=_interval, default=DEFAULT_POLL_INTERVAL,
-                      help="longest wait between polls, seconds (Flower: 3 idle, 0.5 for replies)")
-    args, rest = ours.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    cap_supernode_polls(args.poll_interval)
+def main(poll_interval: float, flower_args: Sequence[str]) -> None:
+    """``flower-supernode <flower_args>`` with its polls capped at ``poll_interval``."""
+    cap_supernode_polls(poll_interval)
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
-    sys.argv = ["fedgraph-supernode", *rest]
+    sys.argv = ["fedgraph-supernode", *flower_args]
     cli.flower_supernode()
-
-
-if __name__ == "__main__":
-    main()
