@@ -23,7 +23,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..algorithms import ALGORITHMS
+from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
 from . import client_runtime as rt
 from .records import (array_to_bytes, bytes_to_array, from_array_record, to_array_record,
@@ -81,10 +81,13 @@ def handshake(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 
 
-def _phase_of(message: Message) -> Phase:
-    """``train`` -> the train phase; ``train.<name>`` -> that phase."""
+def _phase_of(message: Message, config: dict[str, Any]) -> Phase:
+    """``train`` -> the train phase; ``train.<name>`` -> the algorithm's phase of that name."""
     _, _, name = message.metadata.message_type.partition(".")
-    return Phase(name or TRAIN)
+    phases = {p.name: p for p in get_algorithm(str(config["algorithm"])).trainer.phases}
+    if (name or TRAIN) not in phases:
+        raise ValueError(f"algorithm {config['algorithm']} has no phase {name!r}")
+    return phases[name or TRAIN]
 
 
 def train(message: Message, context: Context) -> Message:
@@ -96,7 +99,7 @@ def train(message: Message, context: Context) -> Message:
     except Exception as exc:  # noqa: BLE001
         return _error_reply(message, ERROR_DATA, exc)
     try:
-        phase = _phase_of(message)
+        phase = _phase_of(message, config)
         arrays = from_array_record(message.content["arrays"])
         state = load_state(config, context, identity.partition_id, phase)
         out = rt.phase_round(

@@ -279,8 +279,8 @@ def phase_round(
     out = run_phase(trainer, config, phase, arrays, server_round, partition_id)
     t1 = time.perf_counter()
     out.state = state_to_bytes(trainer.local_state())
-    out.timings["time-setup"] += restore
-    out.timings["time-pack"] += time.perf_counter() - t1
+    out.timings["time-setup"] = out.timings.get("time-setup", 0.0) + restore
+    out.timings["time-pack"] = out.timings.get("time-pack", 0.0) + time.perf_counter() - t1
     return out
 
 

@@ -1,0 +1,76 @@
+"""The round-phase contract: phase-demo (a precompute phase and two exchanges per round,
+fedgraph_flwr/algorithms/phase_demo.py) runs in process and in a real Flower simulation
+with identical numbers, and both client-state modes agree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedgraph_flwr.algorithms.base import TRAIN_PHASE, Phase, check_phases
+from fedgraph_flwr.engine.loop import run_federation
+from helpers import round_metrics, simulate
+
+
+def _config(data_root, out, run_name: str, **extra) -> dict:
+    return {"algorithm": "phase-demo", "dataset": "SBM", "num-clients": 3, "rounds": 3,
+            "hidden": 16, "data-root": str(data_root), "output-dir": str(out),
+            "run-name": run_name, **extra}
+
+
+def _phase_record(results: dict) -> tuple:
+    """What the non-train phases leave in results.json: the precompute's counts and
+    every round's probe step."""
+    pre = results["precompute"]["label_counts"]
+    return (pre["metrics"], pre["bytes_received"],
+            [r["aggregate"] for r in results["rounds"]],
+            [r["bytes_received"] for r in results["rounds"]])
+
+
+def test_phase_demo_runs_every_phase_in_process(tmp_path, data_root):
+    results = run_federation(_config(data_root, tmp_path, "inproc"), write=False)
+    pre = results["precompute"]["label_counts"]
+    assert pre["metrics"]["train_nodes"] == sum(c["num-train"] for c in results["clients"].values())
+    assert not pre["failures"]
+    for r in results["rounds"]:
+        assert set(r["aggregate"]) == {"probe.mean_probe_loss", "max_weight"}
+        assert len(r["clients"]) == 3 and not r["failures"]
+    # probe replies (metrics only) add nothing, train replies add the model
+    first = results["rounds"][0]
+    assert all(first["bytes_received"][c] == first["bytes_sent"][c] // 2 for c in first["bytes_sent"])
+
+
+def test_phase_demo_state_files_equal_live_trainers(tmp_path, data_root):
+    live = run_federation(_config(data_root, tmp_path, "live"), write=False)
+    files = run_federation(_config(data_root, tmp_path, "files", **{
+        "client-state": "file", "client-state-dir": str(tmp_path / "state")}), write=False)
+    assert round_metrics(live) == round_metrics(files)
+    assert _phase_record(live) == _phase_record(files)
+
+
+@pytest.mark.simulation
+def test_phase_demo_in_flower_simulation_equals_in_process(tmp_path, data_root):
+    from fedgraph_flwr.engine.client_app import make_client_app
+    from fedgraph_flwr.engine.server_app import make_server_app
+
+    simulate(make_server_app(_config(data_root, tmp_path, "flower")), make_client_app(), 3)
+    flower = json.loads((tmp_path / "flower" / "results.json").read_text())
+    inproc = run_federation(_config(data_root, tmp_path, "inproc"))
+    assert round_metrics(flower) == round_metrics(inproc)
+    assert _phase_record(flower) == _phase_record(inproc)
+    assert flower["final"]["test_at_best_val"] == inproc["final"]["test_at_best_val"]
+
+
+def test_phases_are_checked_when_declared():
+    with pytest.raises(ValueError, match="lower-case"):
+        Phase("Probe")
+    with pytest.raises(ValueError, match="when="):
+        Phase("probe", when="sometimes")
+    with pytest.raises(ValueError, match="train phase runs every round"):
+        Phase("train", when="before-first-round")
+    with pytest.raises(ValueError, match="last phase"):
+        check_phases((TRAIN_PHASE, Phase("probe")))
+    with pytest.raises(ValueError, match="repeat"):
+        check_phases((Phase("probe"), Phase("probe"), TRAIN_PHASE))
+    assert Phase("probe").message_type == "train.probe" and TRAIN_PHASE.message_type == "train"
