@@ -25,3 +25,13 @@ def simulate(server_app, client_app, num_supernodes: int) -> None:
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                         "init_args": {"num_cpus": 2, "include_dashboard": False}},
     )
+
+
+def contract_metrics(**values: float) -> dict:
+    """A train reply's metrics holding every key of the engine's metric contract
+    (fedgraph_flwr/engine/protocols.py), with ``values`` on top."""
+    from fedgraph_flwr.engine.protocols import REQUIRED_METRICS
+
+    metrics = {k: 1.0 for keys in REQUIRED_METRICS.values() for k in keys}
+    metrics.update(values)
+    return metrics

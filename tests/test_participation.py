@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
 from fedgraph_flwr.engine.loop import run_federation
@@ -31,8 +32,8 @@ def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp
         before = {c: {k: v.copy() for k, v in fed.payload_for(c).items()} for c in range(4)}
         replies = {}
         for c in sampled:
-            out = rt.train_round(graphs[c], NUM_CLASSES, dict(fed.client_config(server_round)),
-                                 fed.payload_for(c), states.get(c), server_round, c,
+            out = rt.phase_round(graphs[c], NUM_CLASSES, dict(fed.client_config(server_round)),
+                                 TRAIN_PHASE, fed.payload_for(c), states.get(c), server_round, c,
                                  torch.device("cpu"))
             states[c] = out.state
             replies[c] = ClientReply(out.upload, out.signature, {**out.metrics, "partition-id": c})
@@ -119,7 +120,7 @@ def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
              "minority_metric": minority_correct / 4.0,
              "val_count": val_count, "test_correct": correct, "test_count": 10.0,
              "minority_correct": minority_correct, "minority_count": 4.0, "partition-id": 0,
-             "num-train": 10.0}
+             "num-train": 10.0, "train_loss": 1.0, "val_loss": val_loss}
         return ClientReply(dict(fed.initial), {}, m)
 
     # Round 2 has the lowest pooled loss (client 1's many val nodes dominate), though its

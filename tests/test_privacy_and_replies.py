@@ -12,6 +12,7 @@ from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
+from helpers import contract_metrics
 
 NUM_FEATURES, NUM_CLASSES = 12, 3
 
@@ -40,30 +41,40 @@ def _config(algorithm: str) -> dict:
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_nothing_a_client_sends_scales_with_its_node_count(algorithm):
-    """Two clients, 40 and 400 nodes: every uploaded array, signature and metric has the
-    same shape (the papers' privacy claim: no embeddings, scores or per-node values)."""
+    """Two clients, 40 and 400 nodes: in every phase of the algorithm's round, every
+    uploaded array, signature and metric has the same shape (the papers' privacy claim:
+    no embeddings, scores or per-node values)."""
     cfg = _config(algorithm)
-    trainer = ALGORITHMS[algorithm].trainer
-    initial = trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
-    sent = {}
-    for n in (40, 400):
-        out = rt.train_round(_graph(n, seed=n), NUM_CLASSES, cfg, initial, None, 1, 0,
-                             torch.device("cpu"))
-        sent[n] = out
-    small, large = sent[40], sent[400]
-    assert {k: v.shape for k, v in small.upload.items()} == {k: v.shape for k, v in large.upload.items()}
-    assert {k: v.shape for k, v in small.signature.items()} == {
-        k: v.shape for k, v in large.signature.items()}
-    assert set(small.metrics) == set(large.metrics)
-    for arrays in (large.upload, large.signature):
-        assert all(400 not in v.shape for v in arrays.values())
+    algo = ALGORITHMS[algorithm]
+    initial = algo.trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
+    aggregator = algo.aggregator(cfg, [0], initial)
+    for phase in algo.trainer.phases:
+        request = initial if phase.name == "train" else aggregator.configure(phase, 1, [0])[0]
+        sent = {}
+        for n in (40, 400):
+            state = None
+            for earlier in algo.trainer.phases[:algo.trainer.phases.index(phase)]:
+                # the client as it is when this phase comes: after the earlier phases
+                req = aggregator.configure(earlier, 1, [0])[0]
+                state = rt.phase_round(_graph(n, seed=n), NUM_CLASSES, cfg, earlier, req,
+                                       state, 1, 0, torch.device("cpu")).state
+            sent[n] = rt.phase_round(_graph(n, seed=n), NUM_CLASSES, cfg, phase, request,
+                                     state, 1, 0, torch.device("cpu"))
+        small, large = sent[40], sent[400]
+        assert {k: v.shape for k, v in small.upload.items()} == {
+            k: v.shape for k, v in large.upload.items()}, phase
+        assert {k: v.shape for k, v in small.signature.items()} == {
+            k: v.shape for k, v in large.signature.items()}, phase
+        assert set(small.metrics) == set(large.metrics)
+        for arrays in (large.upload, large.signature):
+            assert all(400 not in v.shape for v in arrays.values())
     # The upload is exactly what the server expects (same names and shapes as round 1's model).
     assert {k: v.shape for k, v in large.upload.items()} == {k: v.shape for k, v in initial.items()}
 
 
-def _federation(tmp_path) -> Federation:
+def _federation(tmp_path, **extra) -> Federation:
     cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 3, "hidden": 8,
-                                "dataset": "SBM", "output-dir": str(tmp_path)})
+                                "dataset": "SBM", "output-dir": str(tmp_path), **extra})
     roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10,
                   "num-nodes": 30} for c in range(3)}
     return Federation(cfg, roster, log=lambda msg: None)
@@ -76,7 +87,8 @@ def test_poisoned_replies_are_rejected_and_never_aggregated(tmp_path):
     nan = dict(good, **{name: np.full_like(good[name], np.nan)})
     wrong_shape = dict(good, **{name: np.zeros((3, 3), dtype=np.float32)})
     wrong_names = {("x." + k): v for k, v in good.items()}
-    metrics = {"num-train": 10.0, "train_loss": 0.5, "val_metric": 0.5, "test_metric": 0.5}
+    metrics = contract_metrics(**{"num-train": 10.0, "train_loss": 0.5, "val_metric": 0.5,
+                                  "test_metric": 0.5})
     replies = {
         0: ClientReply(good, {}, metrics),
         1: ClientReply(nan, {}, metrics),
@@ -97,15 +109,14 @@ def test_min_clients_makes_a_short_round_void(tmp_path):
     fed = _federation(tmp_path)
     fed.config["min-clients"] = 2
     good = {k: np.full_like(v, 1.0) for k, v in fed.initial.items()}
-    record = fed.complete_round(1, [0, 1, 2], {0: ClientReply(good, {}, {"num-train": 10.0})},
+    record = fed.complete_round(1, [0, 1, 2], {0: ClientReply(good, {}, contract_metrics(**{"num-train": 10.0}))},
                                 {1: "missing", 2: "missing"}, {})
     assert record.void and fed.payloads == {}
 
 
 def test_partial_participation_samples_by_seed_and_round(tmp_path):
-    fed = _federation(tmp_path)
-    assert fed.sample(1) == [0, 1, 2]
-    fed.config["fraction"] = 0.34
+    assert _federation(tmp_path).sample(1) == [0, 1, 2]
+    fed = _federation(tmp_path, fraction=0.34)
     picks = [fed.sample(r) for r in range(1, 6)]
     assert all(len(p) == 1 for p in picks)
     assert picks == [fed.sample(r) for r in range(1, 6)]  # deterministic

@@ -12,6 +12,7 @@ from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import get_algorithm
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine import framing, state_codec
 
@@ -107,9 +108,9 @@ def test_fedaux_restored_without_init_trains_exactly_as_a_full_build():
     trainer_cls = get_algorithm("fedaux").trainer
     assert trainer_cls.restore_without_init
     payload = trainer_cls.initial_arrays(data.num_features, 3, config)
-    first = rt.train_round(data, 3, config, payload, None, 1, 0, device)
+    first = rt.phase_round(data, 3, config, TRAIN_PHASE, payload, None, 1, 0, device)
 
-    restored = rt.train_round(data, 3, config, first.upload, first.state, 2, 0, device)
+    restored = rt.phase_round(data, 3, config, TRAIN_PHASE, first.upload, first.state, 2, 0, device)
     full = trainer_cls(data, config, 3, device)  # initialised, then overwritten by the state
     full.load_local_state(rt.state_from_bytes(first.state, device))
     reference = rt.run_round(full, config, first.upload, 2, 0)
