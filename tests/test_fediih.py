@@ -359,6 +359,34 @@ def test_binary_task_uses_one_logit_and_roc_auc():
     assert 0.0 <= metrics["val_metric"] <= 1.0 and math.isfinite(metrics["val_loss"])
 
 
+@pytest.mark.parametrize("num_classes", [3, 2])
+def test_evaluate_reports_the_pooled_counts(num_classes):
+    """The counts of FedSpray's pooled protocol agree with FedIIH's own metrics, also for
+    binary tasks (one logit, BCE validation loss)."""
+    data = random_graph(80, num_classes=num_classes)
+    tr = FedIIHTrainer(data, dict(SMALL, metric="accuracy"), num_classes, CPU)
+    tr.train(1)
+    m = tr.evaluate()
+    assert m["test_count"] == int(data.test_mask.sum()) and m["val_count"] == int(data.val_mask.sum())
+    assert m["test_correct"] / m["test_count"] == pytest.approx(m["test_metric"])
+    assert m["val_loss_sum"] == pytest.approx(m["val_loss"] * m["val_count"])
+    assert 0 <= m["minority_correct"] <= m["minority_count"] <= m["test_count"]
+
+
+def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, data_root):
+    from fedgraph_flwr.engine.loop import run_federation
+
+    cfg = {"algorithm": "fediih", "dataset": "SBM", "num-clients": 3, "rounds": 2, "hidden": 8,
+           "data-root": str(data_root), "output-dir": str(tmp_path), "run-name": "fediih"}
+    final = run_federation(cfg, write=False)["final"]
+    assert final["pooled_best_round"] in (1, 2)
+    for key in ("pooled_test_at_best_val_loss", "pooled_minority_at_best_val_loss",
+                "pooled_majority_at_best_val_loss", "macro_test_at_best_val_loss",
+                "macro_minority_at_best_val_loss"):
+        assert 0.0 <= final[key] <= 100.0, key
+    assert math.isfinite(final["pooled_val_loss"])
+
+
 def test_config_defaults_are_plain_scalars():
     assert all(k.startswith("fediih-") for k in CONFIG_DEFAULTS)
     assert all(isinstance(v, (str, int, float, bool)) for v in CONFIG_DEFAULTS.values())

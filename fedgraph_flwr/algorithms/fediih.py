@@ -42,12 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..metrics import score
 from ..nn.disengcn import DisenGCN, routing_layer_split
 from ..nn.hvgae import SIGMA2_ALPHA, SIGMA2_H, VariationalRoutingBranches, hvgae_loss, resolve_recon_method
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import average, mix, row_softmax
-from .supervised import SupervisedTrainer
+from .supervised import SupervisedTrainer, evaluation_metrics
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "fediih-mode": "code",  # "code": ELBO moves α̂ only (released code); "paper": also the encoder
@@ -182,12 +181,7 @@ class FedIIHTrainer(SupervisedTrainer):
                     if int(data.val_mask.sum()) else float("nan"))
         if logits.size(1) == 1:  # two columns so that argmax and the margin both work
             logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
-        return {
-            "val_loss": val_loss,
-            "train_metric": score(logits, data.y, data.train_mask, self.metric),
-            "val_metric": score(logits, data.y, data.val_mask, self.metric),
-            "test_metric": score(logits, data.y, data.test_mask, self.metric),
-        }
+        return evaluation_metrics(logits, data, self.metric, val_loss=val_loss)
 
     def signature(self) -> Arrays:
         """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node)."""
