@@ -40,23 +40,17 @@ from typing import Any
 import numpy as np
 from torch_geometric.data import Data
 
+from .algorithms.mixing import cosine_similarity
 from .data.noniid import js_divergence, label_histograms, propagated_features
 
 GROUND_TRUTHS = ("features", "labels", "combined")
 
 
-def _cosine_matrix(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.where(norms > 0, norms, 1.0)
-    sim = np.clip(unit @ unit.T, -1.0, 1.0)
-    np.fill_diagonal(sim, 1.0)
-    return sim
-
-
 def ground_truth_similarity(clients: Sequence[Data], num_classes: int) -> dict[str, np.ndarray]:
     """{"features", "labels", "combined"} → symmetric K×K matrices with unit diagonal."""
     pooled = np.stack([propagated_features(c, "gcn").mean(0) for c in clients])
-    features = _cosine_matrix(pooled)
+    features = cosine_similarity(pooled)
+    np.fill_diagonal(features, 1.0)  # also for a client whose mean feature vector is 0
     hists = label_histograms(clients, num_classes).astype(np.float64)
     dist = hists / hists.sum(1, keepdims=True)
     labels = 1.0 - js_divergence(dist[:, None, :], dist[None, :, :]) / math.log(2.0)

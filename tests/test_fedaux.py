@@ -14,11 +14,9 @@ from fedgraph_flwr.algorithms.fedaux import (
     CONFIG_DEFAULTS,
     FedAuxAggregator,
     FedAuxTrainer,
-    apv_similarity,
-    mixing_weights,
-    personalized_mix,
     spectral_gap,
 )
+from fedgraph_flwr.algorithms.mixing import cosine_similarity, row_softmax
 from fedgraph_flwr.nn.apv_kernel import (
     HardSortConv1d,
     apv_scores,
@@ -95,7 +93,7 @@ def test_apv_sign_invariance(mode):
     z_neg = kernel_smooth_dense(apv_scores(h, -a, mode), h, 1.0)
     assert torch.allclose(z_pos, z_neg, atol=1e-12)
     # ...while the server's signed cosine calls them opposite
-    assert apv_similarity(np.stack([a.numpy(), -a.numpy()]))[0, 1] == pytest.approx(-1.0)
+    assert cosine_similarity(np.stack([a.numpy(), -a.numpy()]))[0, 1] == pytest.approx(-1.0)
 
 
 def test_scores():
@@ -185,27 +183,17 @@ def test_projected_iteration_finds_top_eigenvector():
 # --- server maths ---------------------------------------------------------------------------
 def test_mixing_weights():
     rng = np.random.default_rng(1)
-    sim = apv_similarity(rng.normal(size=(6, 10)))
+    sim = cosine_similarity(rng.normal(size=(6, 10)))
     assert np.allclose(np.diag(sim), 1.0) and np.allclose(sim, sim.T)
-    w = mixing_weights(sim, 10.0)
+    w = row_softmax(sim, 10.0)
     assert np.allclose(w.sum(1), 1.0) and (w > 0).all()
     assert np.array_equal(w.argmax(1), np.arange(6))  # self-similarity is the largest
-    assert np.allclose(mixing_weights(sim, 0.0), 1 / 6)  # α=0: FedAvg
-    assert spectral_gap(mixing_weights(sim, 0.0)) == pytest.approx(0.0, abs=1e-12)
-    assert 0 < spectral_gap(w) < spectral_gap(mixing_weights(sim, 1e4)) <= 1 + 1e-9
+    assert np.allclose(row_softmax(sim, 0.0), 1 / 6)  # α=0: FedAvg
+    assert spectral_gap(row_softmax(sim, 0.0)) == pytest.approx(0.0, abs=1e-12)
+    assert 0 < spectral_gap(w) < spectral_gap(row_softmax(sim, 1e4)) <= 1 + 1e-9
     # hand-checked 2-client case: w_12 = e^{0} / (e^{α} + e^{0}) for orthogonal APVs
-    w2 = mixing_weights(apv_similarity(np.eye(2)), 2.0)
+    w2 = row_softmax(cosine_similarity(np.eye(2)), 2.0)
     assert w2[0, 1] == pytest.approx(1 / (np.exp(2.0) + 1))
-
-
-def test_personalized_mix():
-    w = np.array([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
-    stacked = np.arange(3 * 2 * 2, dtype=np.float64).reshape(3, 2, 2)
-    out = personalized_mix(w, stacked)
-    assert out.shape == (3, 2, 2)
-    assert np.allclose(out[0], (stacked[0] + stacked[1]) / 2)
-    assert np.allclose(out[1], stacked[1])
-    assert np.allclose(out[2], 0.2 * stacked[0] + 0.3 * stacked[1] + 0.5 * stacked[2])
 
 
 def _updates(num_clients: int = 4, d: int = 5, seed: int = 0) -> dict[int, ClientUpdate]:
@@ -223,9 +211,9 @@ def test_aggregator_mixes_apv_and_theta_with_the_same_weights():
     res = FedAuxAggregator(make_config(), sorted(ups), {}).aggregate(1, ups)
     ids = sorted(ups)
     apvs = np.stack([ups[c].arrays["apv"] for c in ids])
-    w = mixing_weights(apv_similarity(apvs), 10.0)
+    w = row_softmax(cosine_similarity(apvs), 10.0)
     assert np.allclose(res.diagnostics["weights"], w)
-    assert np.allclose(res.diagnostics["similarity"], apv_similarity(apvs))
+    assert np.allclose(res.diagnostics["similarity"], cosine_similarity(apvs))
     theta = np.stack([ups[c].arrays["conv1.lin.weight"] for c in ids])
     for row, c in enumerate(ids):
         assert np.allclose(res.payloads[c]["apv"], w[row] @ apvs, atol=1e-6)  # Eq. 8, not renormalised
@@ -504,7 +492,7 @@ def test_sbm_apv_similarity_recovers_groups():
     # clustering the flattened uploaded parameters also recovers the groups.
     flat = np.stack([np.concatenate([v.ravel() for k, v in sorted(updates[c].arrays.items())
                                      if k != "apv"]) for c in range(20)])
-    assert ari(apv_similarity(flat)) >= 0.9
+    assert ari(cosine_similarity(flat)) >= 0.9
 
 
 def test_apv_alignment_is_cosine_with_the_top_principal_direction():

@@ -17,12 +17,12 @@ from fedgraph_flwr.algorithms.fediih import (
     PRIOR_KEY,
     FedIIHAggregator,
     FedIIHTrainer,
-    blockwise_mix,
+    factor_block,
     factor_similarity,
     gaussian_js,
     global_factor_means,
-    similarity_weights,
 )
+from fedgraph_flwr.algorithms.mixing import mix, row_softmax
 from fedgraph_flwr.nn.disengcn import NeighbourhoodRouting, routing_layer_split
 from fedgraph_flwr.nn.factor_graph import EdgeAggregate, EdgeDots, build_factor_graph
 from fedgraph_flwr.nn.hvgae import hvgae_loss, reconstruction_loss, resolve_recon_method
@@ -236,7 +236,7 @@ def test_factor_similarity_and_weights():
     assert np.allclose(np.diagonal(s, axis1=1, axis2=2), 1.0)
     assert np.allclose(s, s.transpose(0, 2, 1))
     assert np.isclose(s[1, 0, 2], 1 - gaussian_js(mu[0, 1], lv[0, 1], mu[2, 1], lv[2, 1]) / math.log(2))
-    beta = similarity_weights(s, 10.0)
+    beta = row_softmax(s, 10.0)
     assert np.allclose(beta.sum(-1), 1.0) and (beta > 0).all()
     # The self-weight is each row's largest (S(m,m) = 1 is the row maximum here).
     assert (np.diagonal(beta, axis1=1, axis2=2) >= beta.max(-1) - 1e-12).all()
@@ -279,20 +279,18 @@ def test_blockwise_mixing_uses_each_factors_own_weights():
     mu, lv = rng.normal(size=(m, k, d)), 0.3 * rng.normal(size=(m, k, d))
     updates = {c: _update(arrays[c], mu[c], lv[c]) for c in range(m)}
     res = FedIIHAggregator({"fediih-tau": 2.0}, list(range(m)), arrays[0]).aggregate(1, updates)
-    beta = similarity_weights(factor_similarity(mu, lv), 2.0)
+    beta = row_softmax(factor_similarity(mu, lv), 2.0)
     assert not np.allclose(beta[0], beta[1])  # the factors really get different weights
-    out = res.payloads[0]
-    for f in range(k):
-        rows = slice(f * d, (f + 1) * d)
-        exp_w = sum(beta[f, 0, j] * arrays[j]["pca.weight"][rows] for j in range(m))
-        exp_b = sum(beta[f, 0, j] * arrays[j]["pca.bias"][rows] for j in range(m))
-        exp_c = sum(beta[f, 0, j] * arrays[j]["clf.weight"][:, rows] for j in range(m))
-        assert np.allclose(out["pca.weight"][rows], exp_w, atol=1e-6)
-        assert np.allclose(out["pca.bias"][rows], exp_b, atol=1e-6)
-        assert np.allclose(out["clf.weight"][:, rows], exp_c, atol=1e-6)
-    assert np.allclose(out["clf.bias"], np.mean([a["clf.bias"] for a in arrays], 0), atol=1e-6)
-    direct = blockwise_mix(np.stack([a["pca.bias"].reshape(k, d) for a in arrays]), beta)
-    assert np.allclose(direct[2].reshape(-1), res.payloads[2]["pca.bias"], atol=1e-6)
+    for c, out in res.payloads.items():
+        for f in range(k):
+            rows = slice(f * d, (f + 1) * d)
+            exp_w = sum(beta[f, c, j] * arrays[j]["pca.weight"][rows] for j in range(m))
+            exp_b = sum(beta[f, c, j] * arrays[j]["pca.bias"][rows] for j in range(m))
+            exp_c = sum(beta[f, c, j] * arrays[j]["clf.weight"][:, rows] for j in range(m))
+            assert np.allclose(out["pca.weight"][rows], exp_w, atol=1e-6)
+            assert np.allclose(out["pca.bias"][rows], exp_b, atol=1e-6)
+            assert np.allclose(out["clf.weight"][:, rows], exp_c, atol=1e-6)
+        assert np.allclose(out["clf.bias"], np.mean([a["clf.bias"] for a in arrays], 0), atol=1e-6)
     # server-mix-dtype=float32: the same payloads to float32 precision.
     fast = FedIIHAggregator({"fediih-tau": 2.0, "server-mix-dtype": "float32"}, list(range(m)),
                             arrays[0]).aggregate(1, updates)
@@ -359,6 +357,34 @@ def test_binary_task_uses_one_logit_and_roc_auc():
     assert tr.upload()["clf.weight"].shape == (1, 16)
     metrics = tr.train(1) | tr.evaluate()
     assert 0.0 <= metrics["val_metric"] <= 1.0 and math.isfinite(metrics["val_loss"])
+
+
+@pytest.mark.parametrize("num_classes", [3, 2])
+def test_evaluate_reports_the_pooled_counts(num_classes):
+    """The counts of FedSpray's pooled protocol agree with FedIIH's own metrics, also for
+    binary tasks (one logit, BCE validation loss)."""
+    data = random_graph(80, num_classes=num_classes)
+    tr = FedIIHTrainer(data, dict(SMALL, metric="accuracy"), num_classes, CPU)
+    tr.train(1)
+    m = tr.evaluate()
+    assert m["test_count"] == int(data.test_mask.sum()) and m["val_count"] == int(data.val_mask.sum())
+    assert m["test_correct"] / m["test_count"] == pytest.approx(m["test_metric"])
+    assert m["val_loss_sum"] == pytest.approx(m["val_loss"] * m["val_count"])
+    assert 0 <= m["minority_correct"] <= m["minority_count"] <= m["test_count"]
+
+
+def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, data_root):
+    from fedgraph_flwr.engine.loop import run_federation
+
+    cfg = {"algorithm": "fediih", "dataset": "SBM", "num-clients": 3, "rounds": 2, "hidden": 8,
+           "data-root": str(data_root), "output-dir": str(tmp_path), "run-name": "fediih"}
+    final = run_federation(cfg, write=False)["final"]
+    assert final["pooled_best_round"] in (1, 2)
+    for key in ("pooled_test_at_best_val_loss", "pooled_minority_at_best_val_loss",
+                "pooled_majority_at_best_val_loss", "macro_test_at_best_val_loss",
+                "macro_minority_at_best_val_loss"):
+        assert 0.0 <= final[key] <= 100.0, key
+    assert math.isfinite(final["pooled_val_loss"])
 
 
 def test_config_defaults_are_plain_scalars():
@@ -434,10 +460,14 @@ def test_server_maths_in_blocks_equals_the_broadcast_formulas(monkeypatch):
     full = 1.0 - fediih.gaussian_js(m[:, :, None], lv[:, :, None], m[:, None], lv[:, None]) / np.log(2)
     monkeypatch.setattr(fediih, "JS_BLOCK_ELEMENTS", 2 * 7 * 5)  # 2 rows per block
     np.testing.assert_array_equal(fediih.factor_similarity(mu, logvar), full)
-    beta = fediih.similarity_weights(full, 10.0)
-    blocks = rng.normal(size=(7, 3, 4, 6))
-    np.testing.assert_allclose(fediih.blockwise_mix(blocks, beta),
-                               np.einsum("kmj,jk...->mk...", beta, blocks), rtol=1e-12, atol=1e-14)
+    beta = row_softmax(full, 10.0)
+    blocks = rng.normal(size=(7, 3, 4, 6))  # client, factor, d_k, features
+    uploads = [{"pca.weight": b.reshape(12, 6), "pca.bias": np.zeros(12),
+                "clf.weight": np.zeros((1, 12))} for b in blocks]
+    per_factor = [mix(beta[k], [factor_block(a, k, 4) for a in uploads]) for k in range(3)]
+    mixed = np.stack([[per_factor[k][c]["pca.weight"] for k in range(3)] for c in range(7)])
+    np.testing.assert_allclose(mixed, np.einsum("kmj,jk...->mk...", beta, blocks),
+                               rtol=1e-12, atol=1e-14)
 
 
 def test_float32_similarity_in_blocks_matches_float64(monkeypatch):
@@ -457,5 +487,5 @@ def test_float32_similarity_in_blocks_matches_float64(monkeypatch):
         np.testing.assert_array_equal(fast, fast.transpose(0, 2, 1))
         np.testing.assert_array_equal(np.diagonal(fast, axis1=1, axis2=2), 1.0)
     # The weights the server mixes with agree too.
-    np.testing.assert_allclose(fediih.similarity_weights(fast, 10.0),
-                               fediih.similarity_weights(exact, 10.0), rtol=5e-4, atol=1e-9)
+    np.testing.assert_allclose(row_softmax(fast, 10.0),
+                               row_softmax(exact, 10.0), rtol=5e-4, atol=1e-9)

@@ -38,6 +38,7 @@ from scipy.linalg import eigh
 
 from ..nn.fedaux_net import FedAuxNet
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .mixing import cosine_similarity, mix, row_softmax
 from .supervised import SupervisedTrainer
 
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -118,27 +119,7 @@ def apv_alignment(h: torch.Tensor, apv: torch.Tensor) -> float:
     return float(abs(a @ top) / max(np.linalg.norm(a), 1e-12))
 
 
-# --- server maths: small pure functions ----------------------------------------------------
-def apv_similarity(apvs: np.ndarray) -> np.ndarray:
-    """Signed cosine similarity S [K, K] between the rows of ``apvs`` [K, d']."""
-    apvs = np.asarray(apvs, dtype=np.float64)
-    unit = apvs / np.maximum(np.linalg.norm(apvs, axis=1, keepdims=True), 1e-12)
-    return np.clip(unit @ unit.T, -1.0, 1.0)
-
-
-def mixing_weights(similarity: np.ndarray, alpha: float) -> np.ndarray:
-    """Row-softmax of ``alpha · S`` (Eq. 7, includes l = k): W [K, K], rows sum to 1."""
-    logits = alpha * np.asarray(similarity, dtype=np.float64)
-    logits = logits - logits.max(axis=1, keepdims=True)  # stable softmax
-    weights = np.exp(logits)
-    return weights / weights.sum(axis=1, keepdims=True)
-
-
-def personalized_mix(weights: np.ndarray, stacked: np.ndarray) -> np.ndarray:
-    """Eq. 8: out[k] = Σ_l W_kl · stacked[l];  W [K, K], stacked [K, ...] -> [K, ...]."""
-    return np.tensordot(weights, stacked, axes=1)
-
-
+# --- server maths (similarity, softmax and mixing: .mixing) ----------------------------------
 def spectral_gap(weights: np.ndarray) -> float:
     """ρ = ‖W − 11ᵀ/K‖₂ (Thm 3.3): 0 for FedAvg, → 1 as W → I."""
     k = weights.shape[0]
@@ -151,26 +132,17 @@ class FedAuxAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
         apvs = np.stack([self._apv_of(updates[c]) for c in ids])
-        similarity = apv_similarity(apvs)
+        similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)
         mode = str(_opt(self.config, "fedaux-server"))
         if mode == "personalized":
-            weights = mixing_weights(similarity, float(_opt(self.config, "fedaux-alpha")))
+            weights = row_softmax(similarity, float(_opt(self.config, "fedaux-alpha")))  # Eq. 7
         elif mode == "average":
             weights = np.full((len(ids), len(ids)), 1.0 / len(ids))
         else:
             raise ValueError(f"unknown fedaux-server {mode!r}; valid: {', '.join(SERVER_MODES)}")
 
-        payloads: dict[int, Arrays] = {c: {} for c in ids}
-        mix_weights = weights.astype(self.mix_dtype)
-        for name, first in updates[ids[0]].arrays.items():
-            if not np.issubdtype(first.dtype, np.floating):  # counters etc.: keep each client's own
-                for c in ids:
-                    payloads[c][name] = updates[c].arrays[name]
-                continue
-            stacked = np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype, copy=False)
-            mixed = personalized_mix(mix_weights, stacked).astype(first.dtype, copy=False)
-            for row, c in enumerate(ids):
-                payloads[c][name] = mixed[row]
+        mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype)  # Eq. 8
+        payloads: dict[int, Arrays] = dict(zip(ids, mixed))
         off_diagonal = similarity[~np.eye(len(ids), dtype=bool)]
         return AggregateResult(
             payloads=payloads,

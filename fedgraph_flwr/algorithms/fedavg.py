@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-
+from numpy.typing import DTypeLike
 from torch import nn
 
 from ..nn.gcn import GCN
 from ..nn.personal_gnn import PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .mixing import average
 from .supervised import SupervisedTrainer
 
 
@@ -29,8 +30,10 @@ class GCNTrainer(SupervisedTrainer):
                            num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
 
 
-def weighted_average(updates: dict[int, ClientUpdate], weighting: str) -> Arrays:
-    """Average every uploaded array over clients, by train-node count or uniformly."""
+def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
+                     dtype: DTypeLike = np.float64) -> Arrays:
+    """The global model: every uploaded float array averaged over clients, by train-node
+    count or uniformly, in ``dtype``; non-float arrays stay with each client."""
     ids = sorted(updates)
     if weighting == "train":
         w = np.array([updates[c].num_train for c in ids], dtype=np.float64)
@@ -38,20 +41,15 @@ def weighted_average(updates: dict[int, ClientUpdate], weighting: str) -> Arrays
         w = np.ones(len(ids))
     else:
         raise ValueError(f"unknown fedavg-weighting {weighting!r}; valid: train, uniform")
-    w = w / w.sum()
-    names = updates[ids[0]].arrays.keys()
-    return {
-        name: np.tensordot(w, np.stack([updates[c].arrays[name] for c in ids]), axes=1).astype(
-            updates[ids[0]].arrays[name].dtype)
-        for name in names
-    }
+    return average(w / w.sum(), [updates[c].arrays for c in ids], dtype)
 
 
 class FedAvgAggregator(Aggregator):
     """θ = Σ_k w_k θ_k with w_k ∝ training nodes (``fedavg-weighting=train``) or 1/K."""
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
-        global_arrays = weighted_average(updates, str(self.config.get("fedavg-weighting", "train")))
+        global_arrays = weighted_average(updates, str(self.config.get("fedavg-weighting", "train")),
+                                         self.mix_dtype)
         return AggregateResult(payloads={c: global_arrays for c in updates})
 
 

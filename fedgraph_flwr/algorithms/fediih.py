@@ -42,11 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..metrics import score
 from ..nn.disengcn import DisenGCN, routing_layer_split
 from ..nn.hvgae import SIGMA2_ALPHA, SIGMA2_H, VariationalRoutingBranches, hvgae_loss, resolve_recon_method
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
-from .supervised import SupervisedTrainer
+from .mixing import average, mix, row_softmax
+from .supervised import SupervisedTrainer, evaluation_metrics
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "fediih-mode": "code",  # "code": ELBO moves α̂ only (released code); "paper": also the encoder
@@ -181,12 +181,7 @@ class FedIIHTrainer(SupervisedTrainer):
                     if int(data.val_mask.sum()) else float("nan"))
         if logits.size(1) == 1:  # two columns so that argmax and the margin both work
             logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
-        return {
-            "val_loss": val_loss,
-            "train_metric": score(logits, data.y, data.train_mask, self.metric),
-            "val_metric": score(logits, data.y, data.val_mask, self.metric),
-            "test_metric": score(logits, data.y, data.test_mask, self.metric),
-        }
+        return evaluation_metrics(logits, data, self.metric, val_loss=val_loss)
 
     def signature(self) -> Arrays:
         """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node)."""
@@ -314,28 +309,12 @@ def factor_similarity_float32(mu: np.ndarray, logvar: np.ndarray) -> np.ndarray:
     return (1.0 - js / math.log(2.0)).numpy()
 
 
-def similarity_weights(similarity: np.ndarray, tau: float) -> np.ndarray:
-    """β = row-softmax(τ·S) along the last axis (spec Eq. 11); rows sum to 1."""
-    logits = tau * np.asarray(similarity, np.float64)
-    logits = logits - logits.max(-1, keepdims=True)
-    w = np.exp(logits)
-    return w / w.sum(-1, keepdims=True)
-
-
-def blockwise_mix(blocks: np.ndarray, beta: np.ndarray, dtype: np.dtype = np.float64) -> np.ndarray:
-    """Personalised per-factor average: out[m, k] = Σ_j β[k, m, j] · blocks[j, k].
-
-    blocks [M, K, ...] (client j's factor-k block), beta [K, M, M] -> [M, K, ...] in
-    ``dtype``. One [M, M] @ [M, block size] matrix product per factor (BLAS).
-    """
-    beta = np.asarray(beta, dtype)
-    blocks = np.asarray(blocks, dtype)
-    num_clients, num_factors = blocks.shape[:2]
-    out = np.empty_like(blocks)
-    for k in range(num_factors):
-        flat = blocks[:, k].reshape(num_clients, -1)
-        out[:, k] = (beta[k] @ flat).reshape(blocks[:, k].shape)
-    return out
+def factor_block(arrays: Arrays, factor: int, d_k: int) -> Arrays:
+    """Factor ``factor``'s block of a client's model: rows k·d_k:(k+1)·d_k of
+    ``pca.weight`` and ``pca.bias``, the same columns of ``clf.weight`` (views)."""
+    rows = slice(factor * d_k, (factor + 1) * d_k)
+    return {"pca.weight": arrays["pca.weight"][rows], "pca.bias": arrays["pca.bias"][rows],
+            "clf.weight": arrays["clf.weight"][:, rows]}
 
 
 class FedIIHAggregator(Aggregator):
@@ -354,36 +333,29 @@ class FedIIHAggregator(Aggregator):
             beta = torch.softmax(tau * torch.from_numpy(similarity), dim=-1).numpy()
         else:
             similarity = factor_similarity(mu, logvar)
-            beta = similarity_weights(similarity, tau)
+            beta = row_softmax(similarity, tau)
         alpha = global_factor_means(mu).astype(np.float32)
 
-        def stacked(name: str) -> np.ndarray:
-            return np.stack([updates[c].arrays[name] for c in ids]).astype(self.mix_dtype, copy=False)
-
-        dtype = {name: updates[ids[0]].arrays[name].dtype for name in updates[ids[0]].arrays}
-        pca_w, pca_b, clf_w, clf_b = (stacked(name) for name in MODEL_KEYS)
-        num_out = clf_w.shape[1]
-        # Factor block k: rows k·d_k:(k+1)·d_k of pca.weight/bias, columns of clf.weight.
-        mix_beta = beta.astype(self.mix_dtype)
-        pca_w_mix = blockwise_mix(pca_w.reshape(num_clients, num_factors, d_k, -1), mix_beta, self.mix_dtype)
-        pca_b_mix = blockwise_mix(pca_b.reshape(num_clients, num_factors, d_k), mix_beta, self.mix_dtype)
-        clf_w_blocks = clf_w.reshape(num_clients, num_out, num_factors, d_k).transpose(0, 2, 1, 3)
-        clf_w_mix = blockwise_mix(clf_w_blocks, mix_beta, self.mix_dtype).transpose(0, 2, 1, 3)
+        uploads = [updates[c].arrays for c in ids]
+        # Client m's factor-k block: Σ_j β^k_mj × client j's factor-k block.
+        blocks = [mix(beta[k], [factor_block(a, k, d_k) for a in uploads], self.mix_dtype)
+                  for k in range(num_factors)]
+        biases = [{"clf.bias": a["clf.bias"]} for a in uploads]
         if num_factors == 1:  # K = 1: the whole model is similarity-weighted
-            clf_b_mix = mix_beta[0] @ clf_b
-        else:
-            clf_b_mix = np.broadcast_to(clf_b.mean(0), clf_b.shape)
-        others = [name for name in updates[ids[0]].arrays if name not in MODEL_KEYS]
-        other_means = {name: stacked(name).mean(0).astype(dtype[name]) for name in others}
+            clf_bias = [m["clf.bias"] for m in mix(beta[0], biases, self.mix_dtype)]
+        else:  # shared by the factors: a plain mean
+            clf_bias = [average(None, biases, self.mix_dtype)["clf.bias"]] * num_clients
+        others = average(None, [{n: v for n, v in a.items() if n not in MODEL_KEYS} for a in uploads],
+                         self.mix_dtype)
 
         payloads: dict[int, Arrays] = {}
         for m, c in enumerate(ids):
             payloads[c] = {
-                "pca.weight": pca_w_mix[m].reshape(num_factors * d_k, -1).astype(dtype["pca.weight"], copy=False),
-                "pca.bias": pca_b_mix[m].reshape(-1).astype(dtype["pca.bias"], copy=False),
-                "clf.weight": clf_w_mix[m].reshape(num_out, -1).astype(dtype["clf.weight"], copy=False),
-                "clf.bias": np.array(clf_b_mix[m], dtype=dtype["clf.bias"]),
-                **other_means,
+                "pca.weight": np.concatenate([b[m]["pca.weight"] for b in blocks]),
+                "pca.bias": np.concatenate([b[m]["pca.bias"] for b in blocks]),
+                "clf.weight": np.concatenate([b[m]["clf.weight"] for b in blocks], axis=1),
+                "clf.bias": clf_bias[m],
+                **others,
                 PRIOR_KEY: alpha,
             }
         off_diag = ~np.eye(num_clients, dtype=bool)

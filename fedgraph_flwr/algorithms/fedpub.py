@@ -46,6 +46,7 @@ from torch_geometric.utils import stochastic_blockmodel_graph
 
 from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .mixing import cosine_similarity, mix, row_softmax
 from .supervised import SupervisedTrainer
 
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -188,25 +189,6 @@ def proxy_graph(num_features: int, config: Config) -> Data:
     return Data(x=x, edge_index=edge_index)
 
 
-def mixing_weights(embeddings: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
-    """Cosine similarity S [K, K] of embeddings [K, d] and W = row-softmax(τ S) [K, K]."""
-    e = np.asarray(embeddings, dtype=np.float64)
-    unit = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
-    sim = unit @ unit.T
-    logits = tau * sim
-    w = np.exp(logits - logits.max(axis=1, keepdims=True))  # same after row-normalising
-    return sim, w / w.sum(axis=1, keepdims=True)
-
-
-def mix(arrays: list[Arrays], weights: np.ndarray) -> Arrays:
-    """Σ_l weights[l] · arrays[l], per array name, in the uploads' dtype."""
-    return {
-        name: np.tensordot(weights, np.stack([a[name] for a in arrays]), axes=1).astype(
-            arrays[0][name].dtype)
-        for name in arrays[0]
-    }
-
-
 class FedPubAggregator(Aggregator):
     """Functional-embedding similarity on a proxy graph -> personalized weighted averages."""
 
@@ -232,9 +214,11 @@ class FedPubAggregator(Aggregator):
         ids = sorted(updates)
         tau = float(self.config.get("fedpub-tau", CONFIG_DEFAULTS["fedpub-tau"]))
         emb = np.stack([self.functional_embedding(updates[c].arrays) for c in ids])
-        sim, weights = mixing_weights(emb, tau)
-        uploads = [updates[c].arrays for c in ids]
-        payloads = {c: mix(uploads, weights[i]) for i, c in enumerate(ids)}
+        # Unclipped, one product per client: FED-PUB's order before mixing.py, same bits.
+        sim = cosine_similarity(emb, clip=False)
+        weights = row_softmax(sim, tau)
+        mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype, rowwise=True)
+        payloads = dict(zip(ids, mixed))
         off_diag = sim[~np.eye(len(ids), dtype=bool)]
         return AggregateResult(
             payloads=payloads,

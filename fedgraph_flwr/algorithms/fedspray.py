@@ -349,7 +349,7 @@ class FedSprayAggregator(Aggregator):
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
-        encoder = weighted_average(updates, "train")
+        encoder = weighted_average(updates, "train", self.mix_dtype)
         ratios = np.stack([updates[c].signature["class_ratios"] for c in ids])
         self.proxies = align_proxies(
             np.stack([updates[c].signature["class_proxies"] for c in ids]), ratios, self.proxies)

@@ -38,6 +38,7 @@ import torch
 
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .fedavg import GCNTrainer
+from .mixing import cosine_similarity
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "gcfl-mode": "gcfl+",
@@ -94,10 +95,9 @@ def dtw_matrix(seqs: np.ndarray, standardize: bool = False) -> np.ndarray:
 
 
 def cosine_plus_one(vectors: np.ndarray) -> np.ndarray:
-    """GCFL's ``pairwise_angles``: cos(dW_i, dW_j) + 1 ∈ [0, 2], [k, k]."""
-    norms = np.linalg.norm(vectors, axis=1)
-    denom = np.maximum(np.outer(norms, norms), 1e-12)
-    return vectors @ vectors.T / denom + 1.0
+    """GCFL's ``pairwise_angles``: cos(dW_i, dW_j) + 1 ∈ [0, 2], [k, k] (its rounding:
+    dot products over products of norms, unclipped)."""
+    return cosine_similarity(vectors, clip=False, normalise_first=False) + 1.0
 
 
 def min_cut_bipartition(similarity: np.ndarray, members: list[int]) -> tuple[list[int], list[int]]:

@@ -46,14 +46,19 @@ def resolve_metric(config: Config, num_classes: int) -> str:
     return metric
 
 
-def evaluation_metrics(logits: torch.Tensor, data: Data, metric: str) -> dict[str, float]:
+def evaluation_metrics(logits: torch.Tensor, data: Data, metric: str,
+                       val_loss: float | None = None) -> dict[str, float]:
     """What every client reports from eval-mode logits [n, C]: mean val cross-entropy,
     the train/val/test metric, and the pooled counts of FedSpray's protocol (minority =
-    not the majority class of the client's training labels)."""
-    val_loss = (
-        float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
-        if int(data.val_mask.sum()) else float("nan")
-    )
+    not the majority class of the client's training labels).
+
+    ``val_loss``: the trainer's own validation loss, where it is not the cross-entropy
+    of ``logits`` bit for bit (FedIIH's BCE on one logit for binary tasks)."""
+    if val_loss is None:
+        val_loss = (
+            float(F.cross_entropy(logits[data.val_mask], data.y[data.val_mask]))
+            if int(data.val_mask.sum()) else float("nan")
+        )
     majority = int(torch.bincount(data.y[data.train_mask]).argmax())
     return {
         "val_loss": val_loss,
