@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from .algorithms import ALGORITHMS, get_algorithm
+from .algorithms.options import ConfigError  # noqa: F401  (re-exported: defined with the options)
 
 COMMON_DEFAULTS: dict[str, Any] = {
     # what to run
@@ -70,10 +71,6 @@ PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
 PARTITION_SPLITS = ("auto", "global", "per-client")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
-
-
-class ConfigError(ValueError):
-    """A one-line problem with the run configuration."""
 
 
 def all_defaults() -> dict[str, Any]:

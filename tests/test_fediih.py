@@ -13,9 +13,9 @@ from torch_geometric.utils import erdos_renyi_graph, subgraph, to_undirected
 
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fediih import (
-    CONFIG_DEFAULTS,
     PRIOR_KEY,
     FedIIHAggregator,
+    FedIIHOptions,
     FedIIHTrainer,
     blockwise_mix,
     factor_similarity,
@@ -362,8 +362,9 @@ def test_binary_task_uses_one_logit_and_roc_auc():
 
 
 def test_config_defaults_are_plain_scalars():
-    assert all(k.startswith("fediih-") for k in CONFIG_DEFAULTS)
-    assert all(isinstance(v, (str, int, float, bool)) for v in CONFIG_DEFAULTS.values())
+    defaults = FedIIHOptions.defaults()
+    assert all(k.startswith("fediih-") for k in defaults)
+    assert all(isinstance(v, (str, int, float, bool)) for v in defaults.values())
 
 
 # --- a small federation by hand -----------------------------------------------------------
