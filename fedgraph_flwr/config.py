@@ -2,15 +2,23 @@
 
 Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``. The
 single source of the defaults is :data:`COMMON_DEFAULTS` plus each registered
-algorithm's ``config_defaults``; ``pyproject.toml`` mirrors them (a test checks).
+algorithm's typed options (:mod:`fedgraph_flwr.algorithms.options`); ``pyproject.toml``
+mirrors them (a test checks).
 
 Precedence: defaults < ``config-file`` YAML < explicit run-config overrides. Flower
 hands the ServerApp the pyproject defaults merged with ``--run-config``, so a
-run-config value counts as explicit when it differs from the default.
+run-config value counts as explicit when it differs from the default; every key of a
+YAML file or of ``overrides`` is explicit. Explicitly setting an option of an
+algorithm other than ``algorithm`` is an error.
+
+The resolved config holds every key, other algorithms' at their defaults (as
+results.json files and checkpoints always have); :func:`client_config` is the part a
+client needs.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +28,7 @@ from typing import Any
 import yaml
 
 from .algorithms import ALGORITHMS, get_algorithm
-from .algorithms.options import ConfigError  # noqa: F401  (re-exported: defined with the options)
+from .algorithms.options import ConfigError, coerce  # ConfigError re-exported
 
 COMMON_DEFAULTS: dict[str, Any] = {
     # what to run
@@ -73,15 +81,35 @@ CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
 
 
+# The common keys a client reads (engine/client_runtime.py, client_app.py, data/,
+# algorithms/): what it loads, how it trains and where it keeps its state.
+CLIENT_KEYS = (
+    "algorithm",
+    # its data: dataset, partition and splits (data/partition.py, engine/client_runtime.py)
+    "dataset", "num-clients", "partition", "partition-dir", "partition-split", "split-draw",
+    "metis-library", "split-seed", "partition-seed", "data-root",
+    # its model and local training (algorithms/)
+    "seed", "local-epochs", "lr", "weight-decay", "hidden", "num-layers", "gnn", "dropout",
+    "metric",
+    # its state between rounds (client-state=file)
+    "client-state", "client-state-dir", "run-name",
+)
+
+
 def all_defaults() -> dict[str, Any]:
-    """Common defaults plus every registered algorithm's own keys."""
+    """Common defaults plus every registered algorithm's own keys (registration order)."""
     out = dict(COMMON_DEFAULTS)
     for algo in ALGORITHMS.values():
         for key, value in algo.config_defaults.items():
-            if key in out and out[key] != value:
-                raise RuntimeError(f"algorithm {algo.name!r} redefines default of {key!r}")
+            if key in out:
+                raise RuntimeError(f"algorithm {algo.name!r} redefines key {key!r}")
             out[key] = value
     return out
+
+
+def option_owners() -> dict[str, str]:
+    """``{key: algorithm name}`` for every algorithm option key."""
+    return {key: algo.name for algo in ALGORITHMS.values() for key in algo.options.keys()}
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -98,30 +126,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    """Coerce ``value`` to the type of ``default`` (bool, int, float, str)."""
-    try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() in ("true", "1", "yes"):
-                    return True
-                if value.lower() in ("false", "0", "no"):
-                    return False
-                raise ValueError
-            return bool(value)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{key}={value!r} is not a valid {type(default).__name__}"
-        ) from None
-
-
 def resolve_config(
     run_config: Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -129,7 +133,9 @@ def resolve_config(
     """Merge defaults, the YAML ``config-file`` and overrides; validate; return a dict.
 
     ``run_config`` is Flower's ``context.run_config``; ``overrides`` are applied
-    last (used by tests and the experiment runner).
+    last (used by tests and the experiment runner). Every problem is one
+    :class:`ConfigError` line: an unknown key (with the closest valid one), an option
+    of another algorithm set explicitly, or a bad value.
     """
     defaults = all_defaults()
     explicit: dict[str, Any] = {}
@@ -139,21 +145,40 @@ def resolve_config(
                 raise ConfigError(_unknown_key(key, defaults))
             if source is overrides or value != defaults[key]:
                 explicit[key] = value
-    config = dict(defaults)
+    from_file: dict[str, Any] = {}
     config_file = explicit.get("config-file", "")
     if config_file:
         for key, value in load_yaml(config_file).items():
             if key not in defaults:
                 raise ConfigError(f"config-file {config_file}: " + _unknown_key(key, defaults))
-            config[key] = value
-    config.update(explicit)
-    config = {k: _coerce(k, v, defaults[k]) for k, v in config.items()}
+            from_file[key] = value
+    config = {**defaults, **from_file, **explicit}
+    for key in COMMON_DEFAULTS:
+        config[key] = coerce(key, config[key], type(COMMON_DEFAULTS[key]))
+    algo = get_algorithm_or_fail(config["algorithm"])
+    owners = option_owners()
+    for where, keys in ((f"config-file {config_file}: ", from_file), ("", explicit)):
+        for key in keys:
+            if owners.get(key, algo.name) != algo.name:
+                raise ConfigError(f"{where}{key} is an option of {owners[key]}, not of "
+                                  f"algorithm={algo.name}")
+    config.update(algo.options.from_config(config).to_config())
     validate(config)
     return config
 
 
 def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(defaults), n=1)
+    if close:
+        return f"unknown config key {key!r}; did you mean {close[0]!r}?"
     return f"unknown config key {key!r}; valid keys: {', '.join(sorted(defaults))}"
+
+
+def client_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a client needs of a resolved config: :data:`CLIENT_KEYS` plus the algorithm's own
+    options, nothing else (the engine adds its per-round keys on top)."""
+    algo = get_algorithm_or_fail(str(config["algorithm"]))
+    return {key: config[key] for key in (*CLIENT_KEYS, *algo.options.keys())}
 
 
 def validate(config: Mapping[str, Any]) -> None:
@@ -259,3 +284,4 @@ def default_run_name(config: Mapping[str, Any]) -> str:
         f"{config['algorithm']}-{config['dataset']}-{config['partition']}"
         f"{config['num-clients']}-seed{config['seed']}"
     )
+
