@@ -1,10 +1,12 @@
 """Typed algorithm options: validated on the server before any client, one line per problem;
-a client gets only the keys it reads."""
+the pyproject defaults are generated from them; a client gets only the keys it reads."""
 
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +21,13 @@ from fedgraph_flwr.config import (
     ConfigError,
     all_defaults,
     client_config,
+    main,
+    pyproject_with_block,
     resolve_config,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def one_line_error(run_config=None, overrides=None) -> str:
     with pytest.raises(ConfigError) as err:
@@ -94,6 +101,19 @@ def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
                                  "fedavg-")) for k in sent)
     assert not {"output-dir", "round-timeout", "server-mix-dtype", "verbose"} & set(sent)
     assert list(client_config(resolve_config({}, {"algorithm": "local"}))) == list(CLIENT_KEYS)
+
+
+def test_pyproject_block_is_generated_and_current(tmp_path):
+    text = (ROOT / "pyproject.toml").read_text()
+    assert pyproject_with_block(text) == text, "run: python -m fedgraph_flwr.config --write-pyproject"
+    parsed = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    assert parsed == all_defaults() and list(parsed) == list(all_defaults())
+    # The command finds a stale block and rewrites only it.
+    stale = tmp_path / "pyproject.toml"
+    stale.write_text(text.replace("fedaux-sigma = 1.0", "fedaux-sigma = 3.0"))
+    assert main(["--check-pyproject", "--pyproject", str(stale)]) == 1
+    assert main(["--write-pyproject", "--pyproject", str(stale)]) == 0
+    assert stale.read_text() == text
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
