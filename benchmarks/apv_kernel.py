@@ -59,7 +59,7 @@ def train_case(n: int, dim: int, seed: int = 0) -> dict:
     """One FedAuxTrainer step on an arxiv-sized client: seconds and extra peak MiB."""
     from torch_geometric.data import Data
 
-    from fedgraph_flwr.algorithms.fedaux import CONFIG_DEFAULTS, FedAuxTrainer
+    from fedgraph_flwr.algorithms.fedaux import FedAuxOptions, FedAuxTrainer
 
     g = torch.Generator().manual_seed(seed)
     m = 7 * n
@@ -70,7 +70,7 @@ def train_case(n: int, dim: int, seed: int = 0) -> dict:
                 edge_index=torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]),
                 train_mask=train, val_mask=~train, test_mask=~train)
     config = {"seed": 0, "lr": 0.01, "weight-decay": 1e-6, "hidden": dim, "dropout": 0.5,
-              "metric": "accuracy", **CONFIG_DEFAULTS}
+              "metric": "accuracy", **FedAuxOptions.defaults()}
     trainer = FedAuxTrainer(data, config, 40, torch.device("cpu"))
     before = rss_mib()
     t0 = time.perf_counter()

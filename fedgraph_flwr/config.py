@@ -2,17 +2,29 @@
 
 Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``. The
 single source of the defaults is :data:`COMMON_DEFAULTS` plus each registered
-algorithm's ``config_defaults``; ``pyproject.toml`` mirrors them (a test checks).
+algorithm's typed options (:mod:`fedgraph_flwr.algorithms.options`); the pyproject
+block is generated from them by ``python -m fedgraph_flwr.config --write-pyproject``
+(a test checks it is current).
 
 Precedence: defaults < ``config-file`` YAML < explicit run-config overrides. Flower
 hands the ServerApp the pyproject defaults merged with ``--run-config``, so a
-run-config value counts as explicit when it differs from the default.
+run-config value counts as explicit when it differs from the default; every key of a
+YAML file or of ``overrides`` is explicit. Explicitly setting an option of an
+algorithm other than ``algorithm`` is an error.
+
+The resolved config holds every key, other algorithms' at their defaults (as
+results.json files and checkpoints always have); :func:`client_config` is the part a
+client needs.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +32,7 @@ from typing import Any
 import yaml
 
 from .algorithms import ALGORITHMS, get_algorithm
+from .algorithms.options import ConfigError, coerce  # ConfigError re-exported
 
 COMMON_DEFAULTS: dict[str, Any] = {
     # what to run
@@ -72,19 +85,35 @@ CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
 
 
-class ConfigError(ValueError):
-    """A one-line problem with the run configuration."""
+# The common keys a client reads (engine/client_runtime.py, client_app.py, data/,
+# algorithms/): what it loads, how it trains and where it keeps its state.
+CLIENT_KEYS = (
+    "algorithm",
+    # its data: dataset, partition and splits (data/partition.py, engine/client_runtime.py)
+    "dataset", "num-clients", "partition", "partition-dir", "partition-split", "split-draw",
+    "metis-library", "split-seed", "partition-seed", "data-root",
+    # its model and local training (algorithms/)
+    "seed", "local-epochs", "lr", "weight-decay", "hidden", "num-layers", "gnn", "dropout",
+    "metric",
+    # its state between rounds (client-state=file)
+    "client-state", "client-state-dir", "run-name",
+)
 
 
 def all_defaults() -> dict[str, Any]:
-    """Common defaults plus every registered algorithm's own keys."""
+    """Common defaults plus every registered algorithm's own keys (registration order)."""
     out = dict(COMMON_DEFAULTS)
     for algo in ALGORITHMS.values():
         for key, value in algo.config_defaults.items():
-            if key in out and out[key] != value:
-                raise RuntimeError(f"algorithm {algo.name!r} redefines default of {key!r}")
+            if key in out:
+                raise RuntimeError(f"algorithm {algo.name!r} redefines key {key!r}")
             out[key] = value
     return out
+
+
+def option_owners() -> dict[str, str]:
+    """``{key: algorithm name}`` for every algorithm option key."""
+    return {key: algo.name for algo in ALGORITHMS.values() for key in algo.options.keys()}
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -101,30 +130,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _coerce(key: str, value: Any, default: Any) -> Any:
-    """Coerce ``value`` to the type of ``default`` (bool, int, float, str)."""
-    try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                if value.lower() in ("true", "1", "yes"):
-                    return True
-                if value.lower() in ("false", "0", "no"):
-                    return False
-                raise ValueError
-            return bool(value)
-        if isinstance(default, int):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{key}={value!r} is not a valid {type(default).__name__}"
-        ) from None
-
-
 def resolve_config(
     run_config: Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -132,7 +137,9 @@ def resolve_config(
     """Merge defaults, the YAML ``config-file`` and overrides; validate; return a dict.
 
     ``run_config`` is Flower's ``context.run_config``; ``overrides`` are applied
-    last (used by tests and the experiment runner).
+    last (used by tests and the experiment runner). Every problem is one
+    :class:`ConfigError` line: an unknown key (with the closest valid one), an option
+    of another algorithm set explicitly, or a bad value.
     """
     defaults = all_defaults()
     explicit: dict[str, Any] = {}
@@ -142,21 +149,40 @@ def resolve_config(
                 raise ConfigError(_unknown_key(key, defaults))
             if source is overrides or value != defaults[key]:
                 explicit[key] = value
-    config = dict(defaults)
+    from_file: dict[str, Any] = {}
     config_file = explicit.get("config-file", "")
     if config_file:
         for key, value in load_yaml(config_file).items():
             if key not in defaults:
                 raise ConfigError(f"config-file {config_file}: " + _unknown_key(key, defaults))
-            config[key] = value
-    config.update(explicit)
-    config = {k: _coerce(k, v, defaults[k]) for k, v in config.items()}
+            from_file[key] = value
+    config = {**defaults, **from_file, **explicit}
+    for key in COMMON_DEFAULTS:
+        config[key] = coerce(key, config[key], type(COMMON_DEFAULTS[key]))
+    algo = get_algorithm_or_fail(config["algorithm"])
+    owners = option_owners()
+    for where, keys in ((f"config-file {config_file}: ", from_file), ("", explicit)):
+        for key in keys:
+            if owners.get(key, algo.name) != algo.name:
+                raise ConfigError(f"{where}{key} is an option of {owners[key]}, not of "
+                                  f"algorithm={algo.name}")
+    config.update(algo.options.from_config(config).to_config())
     validate(config)
     return config
 
 
 def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(defaults), n=1)
+    if close:
+        return f"unknown config key {key!r}; did you mean {close[0]!r}?"
     return f"unknown config key {key!r}; valid keys: {', '.join(sorted(defaults))}"
+
+
+def client_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a client needs of a resolved config: :data:`CLIENT_KEYS` plus the algorithm's own
+    options, nothing else (the engine adds its per-round keys on top)."""
+    algo = get_algorithm_or_fail(str(config["algorithm"]))
+    return {key: config[key] for key in (*CLIENT_KEYS, *algo.options.keys())}
 
 
 def validate(config: Mapping[str, Any]) -> None:
@@ -264,6 +290,73 @@ def default_run_name(config: Mapping[str, Any]) -> str:
     )
 
 
-def client_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys a client needs (placeholder until typed options land: all of them)."""
-    return dict(config)
+# --- pyproject.toml's [tool.flwr.app.config], generated from the defaults -------------------
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT_BEGIN = ("# BEGIN generated by `python -m fedgraph_flwr.config --write-pyproject` from "
+                   "fedgraph_flwr/config.py\n# and the algorithms' options: edit those, not this "
+                   "block (a test checks it is current).\n")
+PYPROJECT_END = "# END generated\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def pyproject_block() -> str:
+    """The generated ``[tool.flwr.app.config]`` block, markers included: the common keys,
+    then each algorithm's options in registration order, each with its doc."""
+    lines = [PYPROJECT_BEGIN.rstrip("\n"), "[tool.flwr.app.config]", "# common keys"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in COMMON_DEFAULTS.items()]
+    for algo in ALGORITHMS.values():
+        docs, ranges = algo.options.docs(), algo.options.ranges()
+        if not docs:
+            continue
+        lines.append(f"# {algo.name} ({algo.options.__module__}.{algo.options.__name__})")
+        lines += [f"{key} = {_toml_value(value)}  # {docs[key]}"
+                  + (f" (must be {ranges[key]})" if key in ranges else "")
+                  for key, value in algo.config_defaults.items()]
+    return "\n".join(lines) + "\n" + PYPROJECT_END
+
+
+def pyproject_with_block(text: str) -> str:
+    """``text`` (a pyproject.toml) with its generated block replaced by the current one."""
+    begin, end = text.find(PYPROJECT_BEGIN), text.find(PYPROJECT_END)
+    if begin < 0 or end < begin:
+        raise ConfigError("pyproject.toml lacks the generated block's BEGIN/END marker lines")
+    return text[:begin] + pyproject_block() + text[end + len(PYPROJECT_END):]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedgraph_flwr.config",
+                                     description="Run-config defaults and pyproject.toml.")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write-pyproject", action="store_true",
+                       help="rewrite [tool.flwr.app.config] of pyproject.toml from the defaults")
+    group.add_argument("--check-pyproject", action="store_true",
+                       help="exit 1 if pyproject.toml's block is not current")
+    parser.add_argument("--pyproject", type=Path, default=PYPROJECT, help="default: %(default)s")
+    args = parser.parse_args(argv)
+    text = args.pyproject.read_text()
+    try:
+        new = pyproject_with_block(text)
+    except ConfigError as exc:
+        print(f"{args.pyproject}: {exc}", file=sys.stderr)
+        return 2
+    if args.check_pyproject:
+        if new != text:
+            print(f"{args.pyproject} is not current: run python -m fedgraph_flwr.config "
+                  f"--write-pyproject", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.pyproject.write_text(new)
+        print(f"wrote {args.pyproject}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

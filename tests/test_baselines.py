@@ -3,6 +3,7 @@ trainer invariants, and a 3-round in-process smoke per algorithm (no Flower, no 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -112,7 +113,7 @@ def _train_once(trainer_cls, config, payload, epochs=5):
 
 
 def test_fedprox_mu_zero_is_fedavg_exactly():
-    cfg = make_config(fedprox.CONFIG_DEFAULTS, fedprox_mu=0.0)
+    cfg = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.0)
     torch.manual_seed(3)
     payload = {k: v + np.random.default_rng(0).normal(0, 0.1, v.shape).astype(v.dtype)
                for k, v in GCNTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg).items()}
@@ -125,7 +126,7 @@ def test_fedprox_mu_zero_is_fedavg_exactly():
 
 
 def test_fedprox_term_value_and_pull_toward_anchor():
-    cfg = make_config(fedprox.CONFIG_DEFAULTS, fedprox_mu=0.5)
+    cfg = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.5)
     anchor = fedprox.FedProxTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     trainer = fedprox.FedProxTrainer(tiny_graph(1), cfg, NUM_CLASSES, CPU)
     trainer.load_payload(anchor)
@@ -149,7 +150,7 @@ def test_fedprox_term_value_and_pull_toward_anchor():
 
 
 def test_fedper_head_never_uploaded_nor_overwritten():
-    cfg = make_config(fedper.CONFIG_DEFAULTS)
+    cfg = make_config(fedper.FedPerOptions.defaults())
     initial = fedper.FedPerTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     assert initial and not any(k.startswith("convs.1.") for k in initial)
     trainer = fedper.FedPerTrainer(tiny_graph(1), cfg, NUM_CLASSES, CPU)
@@ -168,7 +169,7 @@ def test_fedper_head_never_uploaded_nor_overwritten():
 
 
 def test_fedper_smoke_heads_stay_personal():
-    cfg = make_config(fedper.CONFIG_DEFAULTS)
+    cfg = make_config(fedper.FedPerOptions.defaults())
     log, _ = run_rounds(fedper.FedPerTrainer, fedper.FedPerAggregator, cfg)
     assert_smoke(log)
     payloads = log[-1]["result"].payloads
@@ -186,7 +187,7 @@ def _fedpub_arrays(seed: int, cfg: dict, noise: float = 0.0, noise_seed: int = 0
 
 
 def test_fedpub_identical_clients_and_tau_zero_mix_uniformly():
-    cfg = make_config(fedpub.CONFIG_DEFAULTS)
+    cfg = make_config(fedpub.FedPubOptions.defaults())
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, [0, 1, 2], initial)
     same = _fedpub_arrays(5, cfg)
@@ -207,7 +208,7 @@ def test_fedpub_identical_clients_and_tau_zero_mix_uniformly():
 
 
 def test_fedpub_similar_clients_weigh_each_other_more():
-    cfg = make_config(fedpub.CONFIG_DEFAULTS)
+    cfg = make_config(fedpub.FedPubOptions.defaults())
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, list(range(4)), initial)
     # two groups: {0, 1} around model A, {2, 3} around model B
@@ -226,7 +227,7 @@ def test_fedpub_similar_clients_weigh_each_other_more():
 
 
 def test_fedpub_server_embedding_is_client_model_on_proxy():
-    cfg = make_config(fedpub.CONFIG_DEFAULTS, fedpub_proxy_graphs=2, fedpub_proxy_nodes=30)
+    cfg = make_config(fedpub.FedPubOptions.defaults(), fedpub_proxy_graphs=2, fedpub_proxy_nodes=30)
     trainer = fedpub.FedPubTrainer(tiny_graph(2), cfg, NUM_CLASSES, CPU)
     with torch.no_grad():  # give it non-trivial masks, one pruned entry
         trainer.model.convs[1].lin.mask.uniform_(0.5, 1.5)
@@ -234,9 +235,10 @@ def test_fedpub_server_embedding_is_client_model_on_proxy():
     up = trainer.upload()
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, [0], initial)
-    proxy = fedpub.proxy_graph(NUM_FEATURES, cfg)
+    proxy = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg["seed"])
     assert proxy.num_nodes == 60 and proxy.x.shape == (60, NUM_FEATURES)
-    assert torch.equal(proxy.edge_index, fedpub.proxy_graph(NUM_FEATURES, cfg).edge_index)  # seeded
+    again = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg["seed"])
+    assert torch.equal(proxy.edge_index, again.edge_index)  # seeded
     block = proxy.edge_index // 30
     assert torch.equal(block[0], block[1])  # no edges across proxy graphs
     trainer.model.eval()
@@ -246,7 +248,7 @@ def test_fedpub_server_embedding_is_client_model_on_proxy():
 
 
 def test_fedpub_masks_local_and_regularisers():
-    cfg = make_config(fedpub.CONFIG_DEFAULTS, fedpub_l1=0.1, fedpub_loc_l2=0.2)
+    cfg = make_config(fedpub.FedPubOptions.defaults(), fedpub_l1=0.1, fedpub_loc_l2=0.2)
     trainer = fedpub.FedPubTrainer(tiny_graph(3), cfg, NUM_CLASSES, CPU)
     with torch.no_grad():
         trainer.model.classifier.mask.fill_(0.5)
@@ -270,12 +272,12 @@ def test_fedpub_masks_local_and_regularisers():
     extra = float(trainer.extra_loss()) - expected_l1
     assert extra == pytest.approx(0.2 * 0.1 * (NUM_CLASSES * 16) ** 0.5, rel=1e-4)
     # fedpub-reg-grad=false: the FED-PUB code's detached terms -> no gradient at all
-    trainer.config = dict(cfg, **{"fedpub-reg-grad": False})
+    trainer.options = dataclasses.replace(trainer.options, reg_grad=False)
     assert not trainer.extra_loss().requires_grad
 
 
 def test_fedpub_smoke():
-    cfg = make_config(fedpub.CONFIG_DEFAULTS)
+    cfg = make_config(fedpub.FedPubOptions.defaults())
     log, _ = run_rounds(fedpub.FedPubTrainer, fedpub.FedPubAggregator, cfg)
     assert_smoke(log)
     w = log[-1]["result"].diagnostics["mixing"]
@@ -288,7 +290,7 @@ def test_fedpub_smoke():
 
 
 def _gcfl_setup(mode: str, k: int = 6, **over):
-    cfg = make_config(gcfl.CONFIG_DEFAULTS, gcfl_mode=mode, **over)
+    cfg = make_config(gcfl.GCFLOptions.defaults(), gcfl_mode=mode, **over)
     initial = {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)}
     return cfg, initial, gcfl.GCFLAggregator(cfg, list(range(k)), initial)
 
@@ -369,7 +371,7 @@ def test_gcfl_dtw():
 
 
 def test_gcfl_smoke_and_grad_norm_signature():
-    cfg = make_config(gcfl.CONFIG_DEFAULTS, gcfl_warmup_rounds=0, gcfl_seq_length=2)
+    cfg = make_config(gcfl.GCFLOptions.defaults(), gcfl_warmup_rounds=0, gcfl_seq_length=2)
     log, agg = run_rounds(gcfl.GCFLTrainer, gcfl.GCFLAggregator, cfg)
     assert_smoke(log)
     for m in log[-1]["metrics"].values():
@@ -382,7 +384,7 @@ def test_gcfl_smoke_and_grad_norm_signature():
 
 def test_apfl_mixture_endpoints_and_adaptive_alpha():
     data = tiny_graph(4)
-    cfg = make_config(apfl.CONFIG_DEFAULTS, apfl_adaptive=False)
+    cfg = make_config(apfl.APFLOptions.defaults(), apfl_adaptive=False)
     trainer = apfl.APFLTrainer(data, cfg, NUM_CLASSES, CPU)
     with torch.no_grad():
         for p in trainer.local_model.parameters():
@@ -403,13 +405,13 @@ def test_apfl_mixture_endpoints_and_adaptive_alpha():
     assert state_dicts_equal(trainer.model.state_dict(), fedavg_t.model.state_dict())
     assert not state_dicts_equal(trainer.local_model.state_dict(), fedavg_t.model.state_dict())
     # adaptive α moves and stays in [0, 1]
-    ada = apfl.APFLTrainer(data, make_config(apfl.CONFIG_DEFAULTS, apfl_alpha_lr=0.5), NUM_CLASSES, CPU)
+    ada = apfl.APFLTrainer(data, make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5), NUM_CLASSES, CPU)
     ada.train(10)
     assert float(ada.alpha) != 0.25 and 0.0 <= float(ada.alpha) <= 1.0
 
 
 def test_apfl_smoke_local_state_persists():
-    cfg = make_config(apfl.CONFIG_DEFAULTS, apfl_alpha_lr=0.5)
+    cfg = make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5)
     log, _ = run_rounds(apfl.APFLTrainer, apfl.APFLAggregator, cfg)
     assert_smoke(log)
     alphas = [[m["apfl_alpha"] for m in e["metrics"].values()] for e in log]
@@ -422,10 +424,10 @@ def test_apfl_smoke_local_state_persists():
 def test_fedprox_smoke_matches_fedavg_when_mu_zero():
     # With one local step the proximal gradient is 0 (θ starts at the anchor): FedProx
     # differs from FedAvg only with several local epochs.
-    cfg = make_config(fedprox.CONFIG_DEFAULTS, local_epochs=3)
+    cfg = make_config(fedprox.FedProxOptions.defaults(), local_epochs=3)
     log, _ = run_rounds(fedprox.FedProxTrainer, fedprox.FedProxAggregator, cfg)
     assert_smoke(log)
-    cfg0 = make_config(fedprox.CONFIG_DEFAULTS, fedprox_mu=0.0, local_epochs=3)
+    cfg0 = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.0, local_epochs=3)
     log0, _ = run_rounds(fedprox.FedProxTrainer, fedprox.FedProxAggregator, cfg0)
     logavg, _ = run_rounds(GCNTrainer, FedAvgAggregator, cfg0)
     assert payloads_equal(log0[-1]["result"].payloads, logavg[-1]["result"].payloads)

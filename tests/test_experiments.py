@@ -185,9 +185,25 @@ def test_best_test_round_is_each_runs_highest_test_over_rounds():
 
 
 def test_register_refuses_a_legacy_value_for_a_key_without_a_default():
-    from fedgraph_flwr.algorithms import ALGORITHMS, register
+    from dataclasses import dataclass
+
+    from fedgraph_flwr.algorithms import ALGORITHMS, Options, option, register
     from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
 
-    with pytest.raises(ValueError, match=r"legacy_values for keys it has no default for: \['x-init'\]"):
-        register("legacy-probe", GCNTrainer, FedAvgAggregator, {"x-depth": 2}, {"x-init": "torch"})
+    @dataclass(frozen=True)
+    class ProbeOptions(Options, prefix="legacy-probe"):
+        depth: int = option(2, "depth", low=1)
+
+    class ProbeTrainer(GCNTrainer):
+        options_class = ProbeOptions
+
+    class ProbeAggregator(FedAvgAggregator):
+        options_class = ProbeOptions
+
+    with pytest.raises(ValueError, match=r"legacy_values for keys it has no default for: "
+                                         r"\['legacy-probe-init'\]"):
+        register("legacy-probe", ProbeTrainer, ProbeAggregator, ProbeOptions,
+                 legacy_values={"legacy-probe-init": "torch"})
+    with pytest.raises(ValueError, match="GCNTrainer.options_class is FedAvgOptions, not ProbeOptions"):
+        register("legacy-probe", GCNTrainer, ProbeAggregator, ProbeOptions)
     assert "legacy-probe" not in ALGORITHMS  # nothing half-registered

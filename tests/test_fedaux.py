@@ -11,8 +11,8 @@ from torch_geometric.nn import GCNConv
 
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedaux import (
-    CONFIG_DEFAULTS,
     FedAuxAggregator,
+    FedAuxOptions,
     FedAuxTrainer,
     spectral_gap,
 )
@@ -42,7 +42,7 @@ def single_thread():
 
 def make_config(**overrides) -> dict:
     base = {"seed": 0, "lr": 0.01, "weight-decay": 1e-6, "hidden": 16, "dropout": 0.5,
-            "metric": "accuracy", **CONFIG_DEFAULTS}
+            "metric": "accuracy", **FedAuxOptions.defaults()}
     base.update(overrides)
     return base
 

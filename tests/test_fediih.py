@@ -13,9 +13,9 @@ from torch_geometric.utils import erdos_renyi_graph, subgraph, to_undirected
 
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fediih import (
-    CONFIG_DEFAULTS,
     PRIOR_KEY,
     FedIIHAggregator,
+    FedIIHOptions,
     FedIIHTrainer,
     factor_block,
     factor_similarity,
@@ -388,8 +388,9 @@ def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, data_root)
 
 
 def test_config_defaults_are_plain_scalars():
-    assert all(k.startswith("fediih-") for k in CONFIG_DEFAULTS)
-    assert all(isinstance(v, (str, int, float, bool)) for v in CONFIG_DEFAULTS.values())
+    defaults = FedIIHOptions.defaults()
+    assert all(k.startswith("fediih-") for k in defaults)
+    assert all(isinstance(v, (str, int, float, bool)) for v in defaults.values())
 
 
 # --- a small federation by hand -----------------------------------------------------------

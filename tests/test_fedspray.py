@@ -19,9 +19,9 @@ from torch_geometric.utils import remove_self_loops, to_undirected
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
 from fedgraph_flwr.algorithms.fedspray import (
-    CONFIG_DEFAULTS,
     PROXIES_KEY,
     FedSprayAggregator,
+    FedSprayOptions,
     FedSprayTrainer,
     align_proxies,
     initial_global_proxies,
@@ -81,7 +81,7 @@ def federation(num_clients: int = 4, num_nodes: int = 300, seed: int = 0, **kw) 
 def config(**overrides) -> dict:
     cfg = {"seed": 0, "lr": 0.03, "weight-decay": 0.0, "hidden": 32, "num-layers": 2,
            "dropout": 0.0, "local-epochs": 5, "metric": "accuracy"}
-    cfg.update(CONFIG_DEFAULTS)
+    cfg.update(FedSprayOptions.defaults())
     cfg.update({"fedspray-proxy-dim": 32, "fedspray-encoder-lr": 0.03})
     cfg.update(overrides)
     return cfg

@@ -19,6 +19,7 @@ Knobs: ``apfl-alpha`` (initial α, 0.25: the smallest of the fixed α values APF
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,20 +29,24 @@ from torch_geometric.data import Data
 
 from .base import Config
 from .fedavg import FedAvgAggregator, GCNTrainer
-
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "apfl-alpha": 0.25,
-    "apfl-alpha-lr": 0.01,
-    "apfl-adaptive": True,
-}
+from .options import Options, option
 
 
-def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+@dataclass(frozen=True)
+class APFLOptions(Options, prefix="apfl"):
+    """APFL's knobs (``apfl-*``)."""
+
+    alpha: float = option(0.25, "initial mixing weight α of the personal model (α v + (1 - α) w)",
+                          low=0.0, high=1.0)
+    alpha_lr: float = option(0.01, "SGD step size of α", low=0.0)
+    adaptive: bool = option(True, "learn α (APFL's adaptive α); false keeps it fixed")
 
 
 class APFLTrainer(GCNTrainer):
     """Shared GCN ``w`` (``self.model``), personal GCN ``v`` and a learned mixing weight α."""
+
+    options_class = APFLOptions
+    options: APFLOptions
 
     def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
@@ -51,8 +56,7 @@ class APFLTrainer(GCNTrainer):
         self.local_optimizer = torch.optim.Adam(
             self.local_model.parameters(), lr=float(config["lr"]),
             weight_decay=float(config["weight-decay"]))
-        self.alpha = torch.tensor(float(config.get("apfl-alpha", CONFIG_DEFAULTS["apfl-alpha"])),
-                                  device=device)
+        self.alpha = torch.tensor(self.options.alpha, device=device)
 
     def mixed_params(self, alpha: torch.Tensor, detach_global: bool = True) -> dict[str, torch.Tensor]:
         """``α v + (1 - α) w`` for every parameter (``w`` detached: only v and α learn from it)."""
@@ -69,8 +73,7 @@ class APFLTrainer(GCNTrainer):
 
     def train(self, epochs: int) -> dict[str, float]:
         data, mask = self.data, self.data.train_mask
-        adaptive = _flag(self.config.get("apfl-adaptive", CONFIG_DEFAULTS["apfl-adaptive"]))
-        alpha_lr = float(self.config.get("apfl-alpha-lr", CONFIG_DEFAULTS["apfl-alpha-lr"]))
+        adaptive, alpha_lr = self.options.adaptive, self.options.alpha_lr
         self.model.train()
         self.local_model.train()
         loss_value = mixed_value = float("nan")
@@ -110,3 +113,5 @@ class APFLTrainer(GCNTrainer):
 
 class APFLAggregator(FedAvgAggregator):
     """APFL's server is FedAvg over the shared model ``w``."""
+
+    options_class = APFLOptions

@@ -44,11 +44,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
+
+from .options import Options
 
 Arrays = dict[str, np.ndarray]
 Config = dict[str, Any]
@@ -127,7 +129,14 @@ class AggregateResult:
 
 
 class ClientTrainer(ABC):
-    """Client side of an algorithm: local model(s), local training, evaluation."""
+    """Client side of an algorithm: local model(s), local training, evaluation.
+
+    ``self.options`` holds the algorithm's own keys of ``config``, typed and validated
+    (``options_class``, the class the algorithm is registered with); the common keys
+    (``hidden``, ``lr``, ...) are read from ``self.config``.
+    """
+
+    options_class: ClassVar[type[Options]] = Options
 
     #: The round, as phases (module docstring); most algorithms need only ``train``.
     phases: tuple[Phase, ...] = (TRAIN_PHASE,)
@@ -135,6 +144,7 @@ class ClientTrainer(ABC):
     def __init__(
         self, data: Data, config: Config, num_classes: int, device: torch.device
     ) -> None:
+        self.options = self.options_class.from_config(config)
         self.data = data.to(device)
         self.config = config
         self.num_classes = num_classes
@@ -182,9 +192,15 @@ class ClientTrainer(ABC):
 
 
 class Aggregator(ABC):
-    """Server side of an algorithm: turns client updates into personalized payloads."""
+    """Server side of an algorithm: turns client updates into personalized payloads.
+
+    ``self.options``: the algorithm's typed options, as in :class:`ClientTrainer`.
+    """
+
+    options_class: ClassVar[type[Options]] = Options
 
     def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+        self.options = self.options_class.from_config(config)
         self.config = config
         self.client_ids = list(client_ids)
         self.initial = initial

@@ -30,65 +30,84 @@ cosine (default) is the code's, behind the reported numbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.linalg import eigh
 
-from ..nn.fedaux_net import FedAuxNet
+from ..nn.apv_kernel import KERNEL_IMPLS, SCORE_MODES
+from ..nn.fedaux_net import APV_INITS, CLASSIFIER_INITS, HEADS, VARIANTS, FedAuxNet
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import cosine_similarity, mix, row_softmax
+from .options import Options, option
 from .supervised import SupervisedTrainer
-
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "fedaux-masked": True,  # FED-PUB MaskedGCN backbone + masked head (masks stay local)
-    "fedaux-variant": "soft",  # soft (Eq. 6) | hard (FedAux_hard ablation)
-    "fedaux-score": "cosine",  # cosine (reference code) | maxnorm (paper's Eq. 1)
-    "fedaux-sigma": 1.0,  # Gaussian kernel bandwidth σ
-    "fedaux-kernel": "auto",  # auto | dense | chunked | chebyshev
-    "fedaux-dense-max-nodes": 4096,  # auto: dense kernel up to this many nodes, chunked above
-    "fedaux-apv-init": "normal",  # normal N(0, I) (paper) | uniform U(0, 1) (code)
-    "fedaux-hard-kernel": 3,  # Conv1D kernel size of the hard variant (odd)
-    "fedaux-head": "linear",  # linear 2d'->C (reference code) | mlp (paper's "simple MLP")
-    "fedaux-classifier-init": "xavier",  # xavier (reference code, FED-PUB) | torch (nn.Linear)
-    "fedaux-alpha": 10.0,  # softmax temperature of the server's mixing weights
-    "fedaux-server": "personalized",  # personalized (Eq. 7-8) | average (FedAvg_mask)
-}
-
-# Runs made before fedaux-classifier-init existed drew the head as nn.Linear does.
-LEGACY_VALUES: dict[str, Any] = {"fedaux-classifier-init": "torch"}
 
 SERVER_MODES = ("personalized", "average")
 APV_KEY = "apv"
 
 
-def _opt(config: Config, key: str) -> Any:
-    return config.get(key, CONFIG_DEFAULTS[key])
+@dataclass(frozen=True)
+class FedAuxOptions(Options, prefix="fedaux"):
+    """FedAux's knobs (``fedaux-*``); defaults = the paper's settings on the reference code."""
+
+    masked: bool = option(True, "FED-PUB MaskedGCN backbone + masked head (masks stay local)")
+    variant: str = option("soft", "soft: Gaussian-kernel soft sorting (Eq. 6) | hard: FedAux_hard "
+                          "ablation (hard sort + Conv1D)", choices=VARIANTS)
+    score: str = option("cosine", "APV node score: cosine (reference code) | maxnorm (paper's Eq. 1)",
+                        choices=SCORE_MODES)
+    sigma: float = option(1.0, "Gaussian kernel bandwidth σ", low=0.0, low_inclusive=False)
+    kernel: str = option("auto", "kernel smoother implementation: auto | dense | chunked | chebyshev",
+                         choices=KERNEL_IMPLS)
+    dense_max_nodes: int = option(4096, "kernel=auto: dense kernel up to this many nodes, chunked "
+                                  "above", low=0)
+    apv_init: str = option("normal", "APV init: normal N(0, I) (paper) | uniform U(0, 1) (code)",
+                           choices=APV_INITS)
+    hard_kernel: int = option(3, "Conv1D kernel size of the hard variant (odd)", low=1)
+    head: str = option("linear", "classifier: linear 2d'->C (reference code) | mlp (paper's "
+                       "\"simple MLP\")", choices=HEADS)
+    classifier_init: str = option("xavier", "classifier init: xavier (reference code, FED-PUB) | "
+                                  "torch (nn.Linear's)", choices=CLASSIFIER_INITS)
+    alpha: float = option(10.0, "softmax temperature α of the server's mixing weights (0 = "
+                          "uniform, FedAvg)", low=0.0)
+    server: str = option("personalized", "personalized (Eqs. 7-8) | average (FedAvg_mask ablation)",
+                         choices=SERVER_MODES)
+
+    def check(self) -> None:
+        if self.hard_kernel % 2 == 0:
+            raise self.invalid("hard_kernel", "must be odd")
+
+
+# Runs made before fedaux-classifier-init existed drew the head as nn.Linear does.
+LEGACY_VALUES: dict[str, Any] = {"fedaux-classifier-init": "torch"}
 
 
 class FedAuxTrainer(SupervisedTrainer):
     """Full-batch Adam on the FedAux client model; masks are local-only."""
 
+    options_class = FedAuxOptions
+    options: FedAuxOptions
     # FED-PUB masks: personal, never uploaded, never overwritten by the server.
     local_keys = ("mask",)
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> FedAuxNet:
+        opts = FedAuxOptions.from_config(config)
         return FedAuxNet(
             num_features, int(config["hidden"]), num_classes,
             dropout=float(config["dropout"]),
-            masked=bool(_opt(config, "fedaux-masked")),
-            variant=str(_opt(config, "fedaux-variant")),
-            score_mode=str(_opt(config, "fedaux-score")),
-            sigma=float(_opt(config, "fedaux-sigma")),
-            kernel_impl=str(_opt(config, "fedaux-kernel")),
-            dense_max_nodes=int(_opt(config, "fedaux-dense-max-nodes")),
-            apv_init=str(_opt(config, "fedaux-apv-init")),
-            hard_kernel_size=int(_opt(config, "fedaux-hard-kernel")),
-            head=str(_opt(config, "fedaux-head")),
-            classifier_init=str(_opt(config, "fedaux-classifier-init")),
+            masked=opts.masked,
+            variant=opts.variant,
+            score_mode=opts.score,
+            sigma=opts.sigma,
+            kernel_impl=opts.kernel,
+            dense_max_nodes=opts.dense_max_nodes,
+            apv_init=opts.apv_init,
+            hard_kernel_size=opts.hard_kernel,
+            head=opts.head,
+            classifier_init=opts.classifier_init,
             num_layers=int(config.get("num-layers", 2)),
         )
 
@@ -129,17 +148,17 @@ def spectral_gap(weights: np.ndarray) -> float:
 class FedAuxAggregator(Aggregator):
     """APV-similarity mixing (Eqs. 7–8), or uniform averaging for ``fedaux-server=average``."""
 
+    options_class = FedAuxOptions
+    options: FedAuxOptions
+
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
         apvs = np.stack([self._apv_of(updates[c]) for c in ids])
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)
-        mode = str(_opt(self.config, "fedaux-server"))
-        if mode == "personalized":
-            weights = row_softmax(similarity, float(_opt(self.config, "fedaux-alpha")))  # Eq. 7
-        elif mode == "average":
+        if self.options.server == "personalized":
+            weights = row_softmax(similarity, self.options.alpha)  # Eq. 7
+        else:  # average
             weights = np.full((len(ids), len(ids)), 1.0 / len(ids))
-        else:
-            raise ValueError(f"unknown fedaux-server {mode!r}; valid: {', '.join(SERVER_MODES)}")
 
         mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype)  # Eq. 8
         payloads: dict[int, Arrays] = dict(zip(ids, mixed))

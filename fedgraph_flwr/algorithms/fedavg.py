@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import DTypeLike
 from torch import nn
@@ -10,7 +12,18 @@ from ..nn.gcn import GCN
 from ..nn.personal_gnn import PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import average
+from .options import Options, option
 from .supervised import SupervisedTrainer
+
+WEIGHTINGS = ("train", "uniform")
+
+
+@dataclass(frozen=True)
+class FedAvgOptions(Options, prefix="fedavg"):
+    """FedAvg's knob (``fedavg-*``)."""
+
+    weighting: str = option("train", "client weights: train (∝ training nodes) | uniform (1/K)",
+                            choices=WEIGHTINGS)
 
 
 class GCNTrainer(SupervisedTrainer):
@@ -19,6 +32,8 @@ class GCNTrainer(SupervisedTrainer):
     ``gnn`` picks the backbone: gcn (default), or sgc / sage as in FedSpray's table,
     where Local and FedAvg run on each of FedSpray's personalized backbones.
     """
+
+    options_class = FedAvgOptions
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
@@ -47,10 +62,13 @@ def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
 class FedAvgAggregator(Aggregator):
     """θ = Σ_k w_k θ_k with w_k ∝ training nodes (``fedavg-weighting=train``) or 1/K."""
 
+    options_class = FedAvgOptions
+
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
-        global_arrays = weighted_average(updates, str(self.config.get("fedavg-weighting", "train")),
-                                         self.mix_dtype)
+        global_arrays = weighted_average(updates, self.weighting(), self.mix_dtype)
         return AggregateResult(payloads={c: global_arrays for c in updates})
 
-
-CONFIG_DEFAULTS = {"fedavg-weighting": "train"}
+    def weighting(self) -> str:
+        """``fedavg-weighting``; the methods that reuse this server (FedProx, FedPer, APFL)
+        have no such option and weight by training nodes."""
+        return self.options.weighting if isinstance(self.options, FedAvgOptions) else "train"

@@ -34,6 +34,7 @@ sampled in code mode, where the term trains nothing and is only logged.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,25 +44,43 @@ from torch import nn
 from torch_geometric.data import Data
 
 from ..nn.disengcn import DisenGCN, routing_layer_split
-from ..nn.hvgae import SIGMA2_ALPHA, SIGMA2_H, VariationalRoutingBranches, hvgae_loss, resolve_recon_method
+from ..nn.hvgae import (
+    RECON_METHODS,
+    SIGMA2_ALPHA,
+    SIGMA2_H,
+    VariationalRoutingBranches,
+    hvgae_loss,
+    resolve_recon_method,
+)
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import average, mix, row_softmax
+from .options import Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
 
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "fediih-mode": "code",  # "code": ELBO moves α̂ only (released code); "paper": also the encoder
-    "fediih-factors": 2,  # K
-    "fediih-routing-layers": 4,  # L: trunk max(1, L-2) layers, μ/σ branches 1 (L<=2) or 2 layers
-    "fediih-routing-iters": 6,  # T
-    "fediih-routing-tau": 1.0,  # τ_p, routing temperature
-    "fediih-tau": 10.0,  # τ, similarity softmax scale on the server
-    "fediih-recon": "auto",  # "auto" | "dense" | "blockwise" | "sampled"
-    "fediih-recon-dense-max-nodes": 4096,  # auto: dense up to here; above, blockwise (paper) / sampled (code)
-    "fediih-recon-columns": 256,  # sampled: random columns per step (exact when >= n)
-    "fediih-recon-block-rows": 0,  # blockwise: rows per block (0 = ~16M logits per block)
-}
-
 MODES = ("code", "paper")
+
+
+@dataclass(frozen=True)
+class FedIIHOptions(Options, prefix="fediih"):
+    """FedIIH's knobs (``fediih-*``); ``hidden`` is the per-factor width d_k."""
+
+    mode: str = option("code", "code: the ELBO moves α̂ only (released code) | paper: it also "
+                       "trains the encoder", choices=MODES)
+    factors: int = option(2, "number of latent factors K", low=1)
+    routing_layers: int = option(4, "routing layers L: trunk max(1, L-2), μ/σ branches 1 (L <= 2) "
+                                 "or 2", low=1)
+    routing_iters: int = option(6, "neighbourhood routing iterations T", low=1)
+    routing_tau: float = option(1.0, "routing temperature τ_p", low=0.0, low_inclusive=False)
+    tau: float = option(10.0, "softmax scale τ of the server's similarity weights (0 = uniform)",
+                        low=0.0)
+    recon: str = option("auto", "n² reconstruction term: auto | dense | blockwise | sampled",
+                        choices=("auto", *RECON_METHODS))
+    recon_dense_max_nodes: int = option(4096, "recon=auto: dense up to this many nodes; above, "
+                                        "blockwise (paper mode) or sampled (code mode)", low=0)
+    recon_columns: int = option(256, "recon=sampled: random columns per step (exact when >= n)",
+                                low=1)
+    recon_block_rows: int = option(0, "recon=blockwise: rows per block (0 = ~16M logits per "
+                                   "block)", low=0)
 PRIOR_KEY = "prior.alpha"
 MODEL_KEYS = ("pca.weight", "pca.bias", "clf.weight", "clf.bias")
 
@@ -77,25 +96,26 @@ def output_width(num_classes: int) -> int:
 class FedIIHTrainer(SupervisedTrainer):
     """DisenGCN + HVGAE client; see the module docstring for the round."""
 
+    options_class = FedIIHOptions
+    options: FedIIHOptions
+
     def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer
-        self.mode = str(config.get("fediih-mode", CONFIG_DEFAULTS["fediih-mode"]))
-        if self.mode not in MODES:
-            raise ValueError(f"unknown fediih-mode {self.mode!r}; valid: {', '.join(MODES)}")
-        cfg = {**CONFIG_DEFAULTS, **config}
+        opts = self.options
+        self.mode = opts.mode
         # In code mode no parameter receives the reconstruction's gradient (α̂ is not in
         # it), so for large clients "auto" only estimates the logged value.
         self.recon_method = resolve_recon_method(
-            str(cfg["fediih-recon"]), int(data.num_nodes), int(cfg["fediih-recon-dense-max-nodes"]),
+            opts.recon, int(data.num_nodes), opts.recon_dense_max_nodes,
             needs_gradient=self.mode == "paper")
-        self.recon_columns = int(cfg["fediih-recon-columns"])
-        self.recon_block_rows = int(cfg["fediih-recon-block-rows"])
-        num_factors = int(cfg["fediih-factors"])
+        self.recon_columns = opts.recon_columns
+        self.recon_block_rows = opts.recon_block_rows
+        num_factors = opts.factors
         factor_channels = int(config["hidden"])
-        _, branch_layers = routing_layer_split(int(cfg["fediih-routing-layers"]))
+        _, branch_layers = routing_layer_split(opts.routing_layers)
         self.branches = VariationalRoutingBranches(
-            num_factors, branch_layers, int(cfg["fediih-routing-iters"]),
-            dropout=float(config["dropout"]), routing_tau=float(cfg["fediih-routing-tau"]),
+            num_factors, branch_layers, opts.routing_iters,
+            dropout=float(config["dropout"]), routing_tau=opts.routing_tau,
         ).to(device)
         # α̂ ~ N(0, 1), local and persistent; α̃ ~ N(0, I) until the server sends one (§9.6).
         self.alpha_local = nn.Parameter(torch.randn(num_factors, factor_channels, device=device))
@@ -111,13 +131,13 @@ class FedIIHTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> DisenGCN:
-        cfg = {**CONFIG_DEFAULTS, **config}
-        trunk_layers, _ = routing_layer_split(int(cfg["fediih-routing-layers"]))
+        opts = FedIIHOptions.from_config(config)
+        trunk_layers, _ = routing_layer_split(opts.routing_layers)
         return DisenGCN(
             num_features, int(config["hidden"]), output_width(num_classes),
-            num_factors=int(cfg["fediih-factors"]), trunk_layers=trunk_layers,
-            iterations=int(cfg["fediih-routing-iters"]), dropout=float(config["dropout"]),
-            routing_tau=float(cfg["fediih-routing-tau"]),
+            num_factors=opts.factors, trunk_layers=trunk_layers,
+            iterations=opts.routing_iters, dropout=float(config["dropout"]),
+            routing_tau=opts.routing_tau,
         )
 
     # --- losses ---------------------------------------------------------------------
@@ -320,12 +340,15 @@ def factor_block(arrays: Arrays, factor: int, d_k: int) -> Arrays:
 class FedIIHAggregator(Aggregator):
     """Per-factor JS similarity → personalised block-wise mixing, plus α̃ for every client."""
 
+    options_class = FedIIHOptions
+    options: FedIIHOptions
+
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
         mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
         logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
         num_clients, num_factors, d_k = mu.shape
-        tau = float(self.config.get("fediih-tau", CONFIG_DEFAULTS["fediih-tau"]))
+        tau = self.options.tau
         if self.mix_dtype == np.float32:
             # float32 mode: the pairwise JS in float32 too (its cost dominates), the
             # softmax (still float64) with torch on every core.

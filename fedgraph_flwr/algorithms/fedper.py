@@ -10,15 +10,19 @@ has no algorithm-specific config key.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch_geometric.data import Data
 
 from .base import Arrays, Config
 from .fedavg import FedAvgAggregator, GCNTrainer
+from .options import Options
 
-CONFIG_DEFAULTS: dict[str, Any] = {}
+
+@dataclass(frozen=True)
+class FedPerOptions(Options, prefix="fedper"):
+    """FedPer has no options of its own (the head is the backbone's last layer)."""
 
 
 def head_prefix(config: Config) -> str:
@@ -28,6 +32,8 @@ def head_prefix(config: Config) -> str:
 
 class FedPerTrainer(GCNTrainer):
     """GCN whose last layer is personal (kept in local state, never uploaded)."""
+
+    options_class = FedPerOptions
 
     def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
@@ -45,3 +51,5 @@ class FedPerTrainer(GCNTrainer):
 
 class FedPerAggregator(FedAvgAggregator):
     """FedAvg over the uploaded (body) arrays; heads never reach the server."""
+
+    options_class = FedPerOptions

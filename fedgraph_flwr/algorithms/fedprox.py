@@ -12,16 +12,27 @@ state its FedProx settings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
+from .options import Options, option
 
-CONFIG_DEFAULTS = {"fedprox-mu": 0.01}
+
+@dataclass(frozen=True)
+class FedProxOptions(Options, prefix="fedprox"):
+    """FedProx's knob (``fedprox-*``)."""
+
+    mu: float = option(0.01, "proximal weight μ of (μ/2)·||θ - θ_received||² (0 = FedAvg)", low=0.0)
 
 
 class FedProxTrainer(GCNTrainer):
     """Plain GCN whose local objective is pulled toward the received model."""
+
+    options_class = FedProxOptions
+    options: FedProxOptions
 
     anchor: dict[str, torch.Tensor] | None = None
 
@@ -35,7 +46,7 @@ class FedProxTrainer(GCNTrainer):
         }
 
     def extra_loss(self) -> torch.Tensor | float:
-        mu = float(self.config.get("fedprox-mu", CONFIG_DEFAULTS["fedprox-mu"]))
+        mu = self.options.mu
         if mu == 0.0 or not self.anchor:
             return 0.0  # identical to FedAvg, bit for bit
         prox = sum(
@@ -47,3 +58,5 @@ class FedProxTrainer(GCNTrainer):
 
 class FedProxAggregator(FedAvgAggregator):
     """The FedProx server is FedAvg; a named subclass keeps logs and registry readable."""
+
+    options_class = FedProxOptions

@@ -35,7 +35,7 @@ the same weight and a zero bias (on Cora-10 the two are within noise, README).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,22 +47,28 @@ from torch_geometric.utils import stochastic_blockmodel_graph
 from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import cosine_similarity, mix, row_softmax
+from .options import Options, option
 from .supervised import SupervisedTrainer
-
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "fedpub-tau": 10.0,
-    "fedpub-proxy-nodes": 100,
-    "fedpub-proxy-graphs": 5,
-    "fedpub-proxy-p": 0.1,
-    "fedpub-l1": 1e-3,
-    "fedpub-loc-l2": 1e-3,
-    "fedpub-reg-grad": True,
-    # glorot weight, zero bias | xavier: weight and [1, C] bias as FED-PUB's MaskedLinear
-    "fedpub-classifier-init": "glorot",
-}
 
 MASK_KEY = "mask"
 CLASSIFIER_INITS = ("glorot", "xavier")
+
+
+@dataclass(frozen=True)
+class FedPubOptions(Options, prefix="fedpub"):
+    """FED-PUB's knobs (``fedpub-*``); defaults = the FED-PUB code's."""
+
+    tau: float = option(10.0, "softmax scale τ of the server's similarity weights (0 = uniform)",
+                        low=0.0)
+    proxy_nodes: int = option(100, "nodes per random proxy graph", low=1)
+    proxy_graphs: int = option(5, "number of random proxy graphs", low=1)
+    proxy_p: float = option(0.1, "edge probability within a proxy graph", low=0.0, high=1.0)
+    l1: float = option(1e-3, "L1 weight on the masks", low=0.0)
+    loc_l2: float = option(1e-3, "weight of the proximal ||θ - θ_received||_2 term", low=0.0)
+    reg_grad: bool = option(True, "the L1 and proximal terms carry gradient (paper); false = the "
+                            "code's no-op")
+    classifier_init: str = option("glorot", "glorot weight, zero bias | xavier: weight and [1, C] "
+                                  "bias as FED-PUB's MaskedLinear", choices=CLASSIFIER_INITS)
 
 
 class MaskedGCN(nn.Module):
@@ -111,18 +117,14 @@ class MaskedGCN(nn.Module):
 def build_masked_gcn(num_features: int, num_classes: int, config: Config, cached: bool = True) -> MaskedGCN:
     return MaskedGCN(num_features, int(config["hidden"]), num_classes,
                      num_layers=int(config["num-layers"]), dropout=float(config["dropout"]),
-                     cached=cached,
-                     classifier_init=str(config.get("fedpub-classifier-init",
-                                                    CONFIG_DEFAULTS["fedpub-classifier-init"])))
-
-
-def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+                     cached=cached, classifier_init=FedPubOptions.from_config(config).classifier_init)
 
 
 class FedPubTrainer(SupervisedTrainer):
     """MaskedGCN with personal masks, mask L1 and a proximal pull to the received model."""
 
+    options_class = FedPubOptions
+    options: FedPubOptions
     received: dict[str, torch.Tensor] | None = None
 
     @classmethod
@@ -140,12 +142,9 @@ class FedPubTrainer(SupervisedTrainer):
                 self.received[name] = state[name].detach().clone()
 
     def extra_loss(self) -> torch.Tensor | float:
-        cfg = self.config
-        l1 = float(cfg.get("fedpub-l1", CONFIG_DEFAULTS["fedpub-l1"]))
-        loc_l2 = float(cfg.get("fedpub-loc-l2", CONFIG_DEFAULTS["fedpub-loc-l2"]))
-        with_grad = _flag(cfg.get("fedpub-reg-grad", CONFIG_DEFAULTS["fedpub-reg-grad"]))
+        l1, loc_l2, with_grad = self.options.l1, self.options.loc_l2, self.options.reg_grad
         # FED-PUB skips the proximal term in the first round (curr_rnd == 0).
-        first_round = int(cfg.get("server-round", 2)) <= 1
+        first_round = int(self.config.get("server-round", 2)) <= 1
         loss = torch.zeros((), device=self.device)
         for name, param in self.model.named_parameters():
             p = param if with_grad else param.detach()
@@ -171,16 +170,13 @@ class FedPubTrainer(SupervisedTrainer):
         return pruned / max(total, 1)
 
 
-def proxy_graph(num_features: int, config: Config) -> Data:
+def proxy_graph(num_features: int, options: FedPubOptions, seed: int) -> Data:
     """FED-PUB's random proxy graph, a pure function of (seed, sizes, feature width).
 
     ``fedpub-proxy-graphs`` blocks × ``fedpub-proxy-nodes`` nodes, undirected edges with
     probability ``fedpub-proxy-p`` inside a block and none across; x ~ N(0, 1) [N, d].
     """
-    n_graphs = int(config.get("fedpub-proxy-graphs", CONFIG_DEFAULTS["fedpub-proxy-graphs"]))
-    n_nodes = int(config.get("fedpub-proxy-nodes", CONFIG_DEFAULTS["fedpub-proxy-nodes"]))
-    p_in = float(config.get("fedpub-proxy-p", CONFIG_DEFAULTS["fedpub-proxy-p"]))
-    seed = int(config["seed"])
+    n_graphs, n_nodes, p_in = options.proxy_graphs, options.proxy_nodes, options.proxy_p
     with torch.random.fork_rng(devices=[]):  # seeded, without disturbing the caller's RNG
         torch.manual_seed(seed)
         probs = torch.eye(n_graphs) * p_in
@@ -192,6 +188,9 @@ def proxy_graph(num_features: int, config: Config) -> Data:
 class FedPubAggregator(Aggregator):
     """Functional-embedding similarity on a proxy graph -> personalized weighted averages."""
 
+    options_class = FedPubOptions
+    options: FedPubOptions
+
     def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         # The server rebuilds the clients' model class from config + the arrays' shapes.
@@ -200,7 +199,7 @@ class FedPubAggregator(Aggregator):
         with torch.random.fork_rng(devices=[]):
             self.model = build_masked_gcn(num_features, num_classes, config, cached=True)
         self.model.eval()
-        self.proxy = proxy_graph(num_features, config)
+        self.proxy = proxy_graph(num_features, self.options, int(config["seed"]))
 
     @torch.no_grad()
     def functional_embedding(self, arrays: Arrays) -> np.ndarray:
@@ -212,7 +211,7 @@ class FedPubAggregator(Aggregator):
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
-        tau = float(self.config.get("fedpub-tau", CONFIG_DEFAULTS["fedpub-tau"]))
+        tau = self.options.tau
         emb = np.stack([self.functional_embedding(updates[c].arrays) for c in ids])
         # Unclipped, one product per client: FED-PUB's order before mixing.py, same bits.
         sim = cosine_similarity(emb, clip=False)

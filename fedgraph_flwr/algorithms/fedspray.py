@@ -55,6 +55,7 @@ client's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,44 +68,34 @@ from ..nn.fedspray_encoder import FeatureStructureEncoder
 from ..nn.personal_gnn import BACKBONES, PersonalGNN
 from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate, Config
 from .fedavg import weighted_average
+from .options import Options, option
 from .supervised import evaluation_metrics, resolve_metric
 
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "fedspray-gnn": "gcn",  # personalized backbone: gcn | sgc | sage
-    "fedspray-lambda1": 1.0,  # weight of KL(p ‖ ŷ) for the GNN (Eq. 7; spec §11.1)
-    "fedspray-lambda2": 1.0,  # weight of KL(ŷ ‖ p) for the encoder/proxies (Eq. 11)
-    "fedspray-proxy-dim": 64,  # d_s = embedding width of g_e (Combine = addition)
-    "fedspray-encoder-lr": 0.003,  # Adam lr of g_e, g_p, g_q
-    "fedspray-proxy-lr": 0.02,  # Adam lr of the node proxies
-    "fedspray-kd-threshold": 0.0,  # 0 = KD on all nodes (paper); 0.7 = code
-    "fedspray-local-labelled-proxies": False,  # True = code (labelled proxies persist)
-    "fedspray-gq-from-gp": False,  # True = code quirk (local g_q starts from global g_p)
-    "fedspray-uniform-init": False,  # True = code (GNN parameters ~ U[0,1))
-    "fedspray-zero-proxies": False,  # True = the S = 0 ablation (Table 3)
-}
+
+@dataclass(frozen=True)
+class FedSprayOptions(Options, prefix="fedspray"):
+    """FedSpray's knobs (``fedspray-*``); defaults = the paper, the switches' other value = the code."""
+
+    gnn: str = option("gcn", "personalized GNN backbone: gcn | sgc | sage", choices=BACKBONES)
+    lambda1: float = option(1.0, "weight λ1 of KL(p ‖ ŷ) for the GNN (Eq. 7; 0 = Local)", low=0.0)
+    lambda2: float = option(1.0, "weight λ2 of KL(ŷ ‖ p) for the encoder and proxies (Eq. 11)",
+                            low=0.0)
+    proxy_dim: int = option(64, "structure-proxy width d_s (= embedding width of g_e)", low=1)
+    encoder_lr: float = option(0.003, "Adam lr of the encoder g_e, g_p, g_q", low=0.0)
+    proxy_lr: float = option(0.02, "Adam lr of the node proxies", low=0.0)
+    kd_threshold: float = option(0.0, "KD set = labelled ∪ {max_j q_ij > threshold}: 0 = all nodes "
+                                 "(paper), 0.7 = code, 1 = labelled only", low=0.0, high=1.0)
+    local_labelled_proxies: bool = option(False, "labelled proxies persist locally (code) instead "
+                                          "of resetting to S[y] (paper)")
+    gq_from_gp: bool = option(False, "local g_q starts from the global g_p (code quirk)")
+    uniform_init: bool = option(False, "GNN parameters ~ U[0, 1) (code)")
+    zero_proxies: bool = option(False, "the S = 0 ablation (Table 3)")
+
 
 ENCODER_PREFIX = "encoder."
 PROXIES_KEY = "proxies"
 ENCODER_SEED_OFFSET = 7919
 NODE_PROXY_INIT = 0.1  # official code: every local node proxy starts at 0.1
-
-
-def validate_config(config: Config) -> None:
-    """Raise ValueError for FedSpray settings that cannot work."""
-    if str(config["fedspray-gnn"]) not in BACKBONES:
-        raise ValueError(
-            f"unknown fedspray-gnn {config['fedspray-gnn']!r}; valid: {', '.join(BACKBONES)}")
-    if int(config["fedspray-proxy-dim"]) <= 0:
-        raise ValueError("fedspray-proxy-dim must be positive")
-    for key in ("fedspray-lambda1", "fedspray-lambda2", "fedspray-encoder-lr", "fedspray-proxy-lr"):
-        if float(config[key]) < 0:
-            raise ValueError(f"{key} must be >= 0, got {config[key]}")
-    if not 0.0 <= float(config["fedspray-kd-threshold"]) < 1.0:
-        raise ValueError("fedspray-kd-threshold must be in [0, 1)")
-
-
-def _setting(config: Config, key: str) -> Any:
-    return config.get(key, CONFIG_DEFAULTS[key])
 
 
 def initial_global_proxies(num_classes: int, proxy_dim: int) -> torch.Tensor:
@@ -116,17 +107,18 @@ def initial_global_proxies(num_classes: int, proxy_dim: int) -> torch.Tensor:
 def build_encoder(num_features: int, num_classes: int, config: Config) -> FeatureStructureEncoder:
     """The encoder every party draws identically from ``seed + ENCODER_SEED_OFFSET``."""
     generator = torch.Generator().manual_seed(int(config["seed"]) + ENCODER_SEED_OFFSET)
-    return FeatureStructureEncoder(num_features, int(_setting(config, "fedspray-proxy-dim")),
+    return FeatureStructureEncoder(num_features, FedSprayOptions.from_config(config).proxy_dim,
                                    num_classes, generator=generator)
 
 
 def build_gnn(num_features: int, num_classes: int, config: Config) -> PersonalGNN:
+    opts = FedSprayOptions.from_config(config)
     return PersonalGNN(
         num_features, int(config["hidden"]), num_classes,
-        backbone=str(_setting(config, "fedspray-gnn")),
+        backbone=opts.gnn,
         num_layers=int(config.get("num-layers", 2)),
         dropout=float(config.get("dropout", 0.0)),
-        uniform_init=bool(_setting(config, "fedspray-uniform-init")),
+        uniform_init=opts.uniform_init,
     )
 
 
@@ -148,16 +140,19 @@ def class_means(values: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
 class FedSprayTrainer(ClientTrainer):
     """Personalized GNN + shared encoder + structure proxies, trained in two phases."""
 
+    options_class = FedSprayOptions
+    options: FedSprayOptions
+
     def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
-        validate_config({k: _setting(config, k) for k in CONFIG_DEFAULTS})
-        self.lambda1 = float(_setting(config, "fedspray-lambda1"))
-        self.lambda2 = float(_setting(config, "fedspray-lambda2"))
-        self.kd_threshold = float(_setting(config, "fedspray-kd-threshold"))
-        self.local_labelled_proxies = bool(_setting(config, "fedspray-local-labelled-proxies"))
-        self.gq_from_gp = bool(_setting(config, "fedspray-gq-from-gp"))
-        self.zero_proxies = bool(_setting(config, "fedspray-zero-proxies"))
-        proxy_dim = int(_setting(config, "fedspray-proxy-dim"))
+        opts = self.options
+        self.lambda1 = opts.lambda1
+        self.lambda2 = opts.lambda2
+        self.kd_threshold = opts.kd_threshold
+        self.local_labelled_proxies = opts.local_labelled_proxies
+        self.gq_from_gp = opts.gq_from_gp
+        self.zero_proxies = opts.zero_proxies
+        proxy_dim = opts.proxy_dim
         num_features = data.num_features
 
         # GNN first, right after the seed: the same draw as LocalTrainer's GCN.
@@ -180,9 +175,8 @@ class FedSprayTrainer(ClientTrainer):
             self.gnn.parameters(), lr=float(config["lr"]),
             weight_decay=float(config.get("weight-decay", 0.0)))
         self.encoder_optimizer = torch.optim.Adam(
-            self.encoder.parameters(), lr=float(_setting(config, "fedspray-encoder-lr")))
-        self.proxy_optimizer = torch.optim.Adam(
-            [self.labelled_proxies], lr=float(_setting(config, "fedspray-proxy-lr")))
+            self.encoder.parameters(), lr=opts.encoder_lr)
+        self.proxy_optimizer = torch.optim.Adam([self.labelled_proxies], lr=opts.proxy_lr)
         self.metric = resolve_metric(config, num_classes)
 
     # --- ClientTrainer: what travels ----------------------------------------------------
@@ -340,10 +334,13 @@ def align_proxies(class_proxies: np.ndarray, class_ratios: np.ndarray,
 class FedSprayAggregator(Aggregator):
     """FedAvg of the encoder by training-node counts (Eq. 14) + proxy alignment (Eq. 15)."""
 
+    options_class = FedSprayOptions
+    options: FedSprayOptions
+
     def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         num_classes, proxy_dim = initial[ENCODER_PREFIX + "classifier.weight"].shape
-        zero = bool(_setting(config, "fedspray-zero-proxies"))
+        zero = self.options.zero_proxies
         self.proxies = (np.zeros((num_classes, proxy_dim), np.float32) if zero
                         else initial_global_proxies(num_classes, proxy_dim).numpy())
 

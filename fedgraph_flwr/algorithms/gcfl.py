@@ -30,6 +30,7 @@ standardisation, splits only after round 20 (hard-coded there).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -39,21 +40,31 @@ import torch
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .fedavg import GCNTrainer
 from .mixing import cosine_similarity
+from .options import Options, option
 
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "gcfl-mode": "gcfl+",
-    "gcfl-eps1": 0.05,
-    "gcfl-eps2": 0.1,
-    "gcfl-seq-length": 5,
-    "gcfl-warmup-rounds": 20,
-    "gcfl-standardize": False,
-}
 MODES = ("gcfl", "gcfl+", "gcfl+dws")
 GRAD_NORM = "grad-norm"
 
 
+@dataclass(frozen=True)
+class GCFLOptions(Options, prefix="gcfl"):
+    """GCFL's knobs (``gcfl-*``); defaults = the GCFL code's."""
+
+    mode: str = option("gcfl+", "gcfl (cosine of updates) | gcfl+ (DTW of gradient-norm "
+                       "sequences) | gcfl+dws (DTW of update-norm sequences)", choices=MODES)
+    eps1: float = option(0.05, "split a cluster when its mean update's norm is < ε1 (and its "
+                         "largest > ε2)", low=0.0)
+    eps2: float = option(0.1, "split a cluster when its largest update norm is > ε2 (and its "
+                         "mean's < ε1)", low=0.0)
+    seq_length: int = option(5, "GCFL+: length of the norm sequences compared by DTW", low=1)
+    warmup_rounds: int = option(20, "no split up to this round", low=0)
+    standardize: bool = option(False, "GCFL+: divide each sequence by its std before DTW")
+
+
 class GCFLTrainer(GCNTrainer):
     """Plain GCN; also reports the norm of its last local gradient (GCFL+'s sequence element)."""
+
+    options_class = GCFLOptions
 
     last_grad_norm: float = 0.0
 
@@ -120,25 +131,22 @@ def flatten(arrays: Arrays, names: list[str]) -> np.ndarray:
 class GCFLAggregator(Aggregator):
     """Cluster-wise FedAvg with gradient-based bi-partitioning of stalled clusters."""
 
+    options_class = GCFLOptions
+    options: GCFLOptions
+
     def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
-        mode = str(config.get("gcfl-mode", CONFIG_DEFAULTS["gcfl-mode"]))
-        if mode not in MODES:
-            raise ValueError(f"unknown gcfl-mode {mode!r}; valid: {', '.join(MODES)}")
-        self.mode = mode
+        self.mode = self.options.mode
         self.names = sorted(initial)
         self.clusters: list[list[int]] = [sorted(self.client_ids)]
         self.sent: dict[int, Arrays] = {c: initial for c in self.client_ids}
         self.seqs: dict[int, list[float]] = {c: [] for c in self.client_ids}
 
-    def _cfg(self, key: str) -> Any:
-        return self.config.get(key, CONFIG_DEFAULTS[key])
-
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
-        eps1, eps2 = float(self._cfg("gcfl-eps1")), float(self._cfg("gcfl-eps2"))
-        seq_len = int(self._cfg("gcfl-seq-length"))
-        warmup = int(self._cfg("gcfl-warmup-rounds"))
-        standardize = str(self._cfg("gcfl-standardize")).lower() in ("true", "1", "yes")
+        eps1, eps2 = self.options.eps1, self.options.eps2
+        seq_len = self.options.seq_length
+        warmup = self.options.warmup_rounds
+        standardize = self.options.standardize
         ids = sorted(updates)
         dw = {c: flatten(updates[c].arrays, self.names) - flatten(self.sent[c], self.names)
               for c in ids}

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .fedavg import GCNTrainer
+from .options import Options
+
+
+@dataclass(frozen=True)
+class LocalOptions(Options, prefix="local"):
+    """Local has no options of its own."""
 
 
 class LocalTrainer(GCNTrainer):
     """A GCN whose parameters never leave the client (kept in its local state)."""
+
+    options_class = LocalOptions
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config) -> Arrays:
@@ -23,6 +33,8 @@ class LocalTrainer(GCNTrainer):
 
 class LocalAggregator(Aggregator):
     """Returns nothing: the client's own model lives in its local state."""
+
+    options_class = LocalOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         return AggregateResult(payloads={c: {} for c in updates})

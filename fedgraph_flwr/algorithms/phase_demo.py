@@ -17,6 +17,7 @@ parameters: nothing scales with its node count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,19 @@ import torch.nn.functional as F
 
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply, TRAIN_PHASE
 from .fedavg import GCNTrainer
+from .options import Options
 
 LABEL_COUNTS = Phase("label_counts", when="before-first-round")
 PROBE = Phase("probe")
 
 
+@dataclass(frozen=True)
+class PhaseDemoOptions(Options, prefix="phase-demo"):
+    """phase-demo has no options of its own."""
+
+
 class PhaseDemoTrainer(GCNTrainer):
+    options_class = PhaseDemoOptions
     phases = (LABEL_COUNTS, PROBE, TRAIN_PHASE)
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
@@ -49,6 +57,8 @@ class PhaseDemoTrainer(GCNTrainer):
 
 
 class PhaseDemoAggregator(Aggregator):
+    options_class = PhaseDemoOptions
+
     def __init__(self, config, client_ids, initial) -> None:
         super().__init__(config, client_ids, initial)
         self.global_arrays: Arrays = initial

@@ -1,0 +1,202 @@
+"""Typed algorithm options: one frozen dataclass per algorithm, validated at construction.
+
+Each field is one run-config key, ``<prefix>-<field name with _ -> ->`` (e.g.
+``FedAuxOptions.sigma`` <-> ``fedaux-sigma``), declared with :func:`option`: its default,
+a one-line doc, and its allowed choices or range. Constructing an instance coerces every
+value to the field's type (bool, int, float or str) and checks it; a bad value raises
+:class:`ConfigError` with one line naming the key, the value and what is allowed::
+
+    @dataclass(frozen=True)
+    class FedAuxOptions(Options, prefix="fedaux"):
+        sigma: float = option(1.0, "Gaussian kernel bandwidth σ", low=0.0, low_inclusive=False)
+
+    FedAuxOptions.from_config({"fedaux-sigma": -1})
+    # ConfigError: fedaux-sigma=-1.0 is out of range: must be > 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Self
+
+OPTION_TYPES = (bool, int, float, str)
+
+
+class ConfigError(ValueError):
+    """A one-line problem with the run configuration."""
+
+
+def coerce(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (bool, int, float, str); strings such as "5" or "true" are read."""
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionSpec:
+    """What :func:`option` records about a field (kept in the field's metadata)."""
+
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    key: str | None = None  # overrides <prefix>-<name>
+
+    def allowed(self) -> str:
+        """The allowed values in words: ``one of a, b``, ``> 0``, ``in [0, 1]``."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        if self.low is not None and self.high is not None:
+            return (f"in {'[' if self.low_inclusive else '('}{self.low:g}, "
+                    f"{self.high:g}{']' if self.high_inclusive else ')'}")
+        if self.low is not None:
+            return f"{'>=' if self.low_inclusive else '>'} {self.low:g}"
+        if self.high is not None:
+            return f"{'<=' if self.high_inclusive else '<'} {self.high:g}"
+        return "any value"
+
+    def admits(self, value: Any) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        # Written as "not within" so that NaN is refused too.
+        if self.low is not None and not (value >= self.low if self.low_inclusive else value > self.low):
+            return False
+        if self.high is not None and not (value <= self.high if self.high_inclusive else value < self.high):
+            return False
+        return True
+
+
+def option(
+    default: Any,
+    doc: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    key: str | None = None,
+) -> Any:
+    """A field of an :class:`Options` dataclass: default, one-line doc, choices or range."""
+    spec = OptionSpec(doc, tuple(choices) if choices is not None else None, low, high,
+                      low_inclusive, high_inclusive, key)
+    return dataclasses.field(default=default, metadata={"option": spec})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionField:
+    """One field of an :class:`Options` class: its name, run-config key, type and spec."""
+
+    name: str
+    key: str
+    kind: type
+    spec: OptionSpec
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Base of every algorithm's options; subclasses are frozen dataclasses of :func:`option` fields.
+
+    ``class FedAuxOptions(Options, prefix="fedaux")`` sets the key prefix. An algorithm
+    without options subclasses it with no fields.
+    """
+
+    prefix: ClassVar[str] = ""
+
+    def __init_subclass__(cls, prefix: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if prefix:
+            cls.prefix = prefix
+
+    def __post_init__(self) -> None:
+        for f in self._fields():
+            value = coerce(f.key, getattr(self, f.name), f.kind)
+            if not f.spec.admits(value):
+                what = "not a valid choice" if f.spec.choices is not None else "out of range"
+                raise ConfigError(f"{f.key}={_show(value)} is {what}: must be {f.spec.allowed()}")
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Checks beyond one field's choices or range; raise :meth:`invalid` to refuse."""
+
+    def invalid(self, name: str, why: str) -> ConfigError:
+        """The one-line error for field ``name``: ``<key>=<value> is invalid: <why>``."""
+        return ConfigError(f"{self.key(name)}={_show(getattr(self, name))} is invalid: {why}")
+
+    # --- the class as a set of run-config keys ------------------------------------------
+    @classmethod
+    @functools.cache
+    def _fields(cls) -> tuple[OptionField, ...]:
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            spec = f.metadata.get("option")
+            if not isinstance(spec, OptionSpec):
+                raise TypeError(f"{cls.__name__}.{f.name} is not declared with option()")
+            kind = hints[f.name]
+            if kind not in OPTION_TYPES:
+                raise TypeError(f"{cls.__name__}.{f.name}: type {kind} is not bool, int, float or str")
+            key = spec.key or f"{cls.prefix}-{f.name.replace('_', '-')}"
+            out.append(OptionField(f.name, key, kind, spec))
+        return tuple(out)
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """Run-config key of field ``name``."""
+        return next(f.key for f in cls._fields() if f.name == name)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every run-config key of these options, in field order."""
+        return tuple(f.key for f in cls._fields())
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``{key: default}`` in field order."""
+        return cls().to_config()
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """``{key: one-line doc}`` in field order."""
+        return {f.key: f.spec.doc for f in cls._fields()}
+
+    @classmethod
+    def ranges(cls) -> dict[str, str]:
+        """``{key: allowed range}`` of the fields with a range (``> 0``, ``in [0, 1]``)."""
+        return {f.key: f.spec.allowed() for f in cls._fields()
+                if f.spec.low is not None or f.spec.high is not None}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Self:
+        """The options named in ``config`` (other keys are ignored; missing ones default)."""
+        return cls(**{f.name: config[f.key] for f in cls._fields() if f.key in config})
+
+    def to_config(self) -> dict[str, Any]:
+        """``{key: value}`` in field order."""
+        return {f.key: getattr(self, f.name) for f in self._fields()}

@@ -1,0 +1,160 @@
+"""Typed algorithm options: validated on the server before any client, one line per problem;
+the pyproject defaults are generated from them; a client gets only the keys it reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fedgraph_flwr.algorithms import ALGORITHMS, Options, option
+from fedgraph_flwr.algorithms.fedaux import FedAuxOptions
+from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions
+from fedgraph_flwr.algorithms.fedprox import FedProxAggregator
+from fedgraph_flwr.algorithms.fedspray import FedSprayOptions
+from fedgraph_flwr.config import (
+    CLIENT_KEYS,
+    COMMON_DEFAULTS,
+    ConfigError,
+    all_defaults,
+    client_config,
+    main,
+    pyproject_with_block,
+    resolve_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_line_error(run_config=None, overrides=None) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolve_config(run_config, overrides)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"fedaux-sigma": -1}, "fedaux-sigma=-1.0 is out of range: must be > 0"),
+        ({"algorithm": "fedspray", "fedspray-kd-threshold": 1.5},
+         "fedspray-kd-threshold=1.5 is out of range: must be in [0, 1]"),
+        ({"fedpub-tau": 5}, "fedpub-tau is an option of fedpub, not of algorithm=fedaux"),
+        ({"fedaux-sigmaa": 2}, "unknown config key 'fedaux-sigmaa'; did you mean 'fedaux-sigma'?"),
+        ({"fedaux-variant": "sofft"},
+         "fedaux-variant='sofft' is not a valid choice: must be one of soft, hard"),
+        ({"fedaux-hard-kernel": 4}, "fedaux-hard-kernel=4 is invalid: must be odd"),
+        ({"fedaux-alpha": "ten"}, "fedaux-alpha='ten' is not a valid float"),
+        ({"algorithm": "apfl", "apfl-alpha": 1.5}, "apfl-alpha=1.5 is out of range: must be in [0, 1]"),
+        ({"algorithm": "gcfl", "gcfl-mode": "kmeans"}, "gcfl-mode='kmeans' is not a valid choice"),
+        ({"algorithm": "fediih", "fediih-factors": 0}, "fediih-factors=0 is out of range: must be >= 1"),
+        ({"algorithm": "fedpub", "fedpub-proxy-p": 2.0}, "fedpub-proxy-p=2.0 is out of range"),
+        ({"algorithm": "fedprox", "fedprox-mu": -0.1}, "fedprox-mu=-0.1 is out of range: must be >= 0"),
+    ],
+)
+def test_bad_option_is_one_line_naming_the_key(overrides, message):
+    assert one_line_error({}, overrides).startswith(message)
+
+
+def test_another_algorithms_option_counts_only_when_explicit(tmp_path):
+    # Flower hands the ServerApp every pyproject key: other algorithms' at their defaults pass.
+    flwr = dict(all_defaults(), algorithm="fedavg", **{"fedaux-sigma": 1})
+    assert resolve_config(flwr)["algorithm"] == "fedavg"
+    # A value that differs from the default was set on purpose: refused.
+    flwr["fedaux-sigma"] = 2.0
+    assert one_line_error(flwr) == "fedaux-sigma is an option of fedaux, not of algorithm=fedavg"
+    # Overrides and YAML keys are explicit even at the default value.
+    assert "fedpub-tau is an option of fedpub" in one_line_error(None, {"fedpub-tau": 10.0})
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: fedavg\nfedspray-lambda1: 2.0\n")
+    assert one_line_error(None, {"config-file": str(path)}) == (
+        f"config-file {path}: fedspray-lambda1 is an option of fedspray, not of algorithm=fedavg")
+    path.write_text("algorithm: fedavg\nfedavg-weighting: uniformm\n")
+    assert one_line_error(None, {"config-file": str(path)}) == (
+        "fedavg-weighting='uniformm' is not a valid choice: must be one of train, uniform")
+    path.write_text("algorithm: fedaux\nfedaux-sigmaa: 2\n")
+    assert one_line_error(None, {"config-file": str(path)}) == (
+        f"config-file {path}: unknown config key 'fedaux-sigmaa'; did you mean 'fedaux-sigma'?")
+
+
+def test_resolved_options_are_typed_and_other_algorithms_keep_their_defaults():
+    cfg = resolve_config({}, {"fedaux-sigma": "2", "fedaux-hard-kernel": 5.0, "fedaux-masked": "no"})
+    assert cfg["fedaux-sigma"] == 2.0 and isinstance(cfg["fedaux-sigma"], float)
+    assert cfg["fedaux-hard-kernel"] == 5 and isinstance(cfg["fedaux-hard-kernel"], int)
+    assert cfg["fedaux-masked"] is False
+    assert set(cfg) == set(all_defaults())  # results.json keeps every key
+    assert cfg["fedpub-tau"] == 10.0
+
+
+def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
+    cfg = resolve_config({}, {"fedaux-sigma": 0.5})
+    sent = client_config(cfg)
+    assert len(CLIENT_KEYS) == 23 and set(CLIENT_KEYS) <= set(COMMON_DEFAULTS)
+    assert len(sent) == 35  # 23 common + 12 fedaux-*
+    assert list(sent) == [*CLIENT_KEYS, *FedAuxOptions.keys()]
+    assert sent["fedaux-sigma"] == 0.5
+    assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",
+                                 "fedavg-")) for k in sent)
+    assert not {"output-dir", "round-timeout", "server-mix-dtype", "verbose"} & set(sent)
+    assert list(client_config(resolve_config({}, {"algorithm": "local"}))) == list(CLIENT_KEYS)
+
+
+def test_pyproject_block_is_generated_and_current(tmp_path):
+    text = (ROOT / "pyproject.toml").read_text()
+    assert pyproject_with_block(text) == text, "run: python -m fedgraph_flwr.config --write-pyproject"
+    parsed = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    assert parsed == all_defaults() and list(parsed) == list(all_defaults())
+    # The command finds a stale block and rewrites only it.
+    stale = tmp_path / "pyproject.toml"
+    stale.write_text(text.replace("fedaux-sigma = 1.0", "fedaux-sigma = 3.0"))
+    assert main(["--check-pyproject", "--pyproject", str(stale)]) == 1
+    assert main(["--write-pyproject", "--pyproject", str(stale)]) == 0
+    assert stale.read_text() == text
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_option_has_a_doc_a_prefixed_key_and_a_valid_default(name):
+    algo = ALGORITHMS[name]
+    assert algo.trainer.options_class is algo.options is algo.aggregator.options_class
+    docs = algo.options.docs()
+    assert list(docs) == list(algo.config_defaults) == list(algo.options.keys())
+    for field in dataclasses.fields(algo.options):
+        key = algo.options.key(field.name)
+        assert key == f"{name}-{field.name.replace('_', '-')}"
+        assert docs[key].strip() and "\n" not in docs[key]
+    assert algo.options.from_config(algo.config_defaults) == algo.options()
+
+
+def test_options_are_frozen_and_validated_at_construction():
+    opts = FedAuxOptions(sigma=2)
+    assert opts.sigma == 2.0 and isinstance(opts.sigma, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.sigma = 3.0  # type: ignore[misc]
+    with pytest.raises(ConfigError, match=r"^fedspray-kd-threshold=-0.5 is out of range"):
+        FedSprayOptions(kd_threshold=-0.5)
+    assert FedSprayOptions(kd_threshold=1).kd_threshold == 1.0  # 1: KD on labelled nodes only
+
+
+def test_a_field_may_override_its_key_and_bounds_may_be_open():
+    @dataclass(frozen=True)
+    class Probe(Options, prefix="probe"):
+        rate: float = option(0.5, "a rate", low=0.0, high=1.0, low_inclusive=False,
+                             high_inclusive=False)
+        width: int = option(8, "a width", low=1, key="probe-w")
+
+    assert Probe.defaults() == {"probe-rate": 0.5, "probe-w": 8}
+    assert Probe.from_config({"probe-w": "3", "width": 99}).width == 3
+    with pytest.raises(ConfigError, match=r"^probe-rate=1.0 is out of range: must be in \(0, 1\)$"):
+        Probe(rate=1)
+
+
+def test_trainers_and_aggregators_get_their_algorithms_typed_options():
+    cfg = resolve_config({}, {"algorithm": "fedavg", "fedavg-weighting": "uniform"})
+    agg = FedAvgAggregator(cfg, [0, 1], {})
+    assert agg.options == FedAvgOptions(weighting="uniform") and agg.weighting() == "uniform"
+    # FedProx's server is FedAvg's, without the weighting option: train-node weights.
+    assert FedProxAggregator(resolve_config({}, {"algorithm": "fedprox"}), [0], {}).weighting() == "train"
