@@ -12,11 +12,23 @@ import pytest
 from fedgraph_flwr.engine.loop import run_federation
 from helpers import round_metrics, simulate
 
-def _sim(overrides: dict, num_supernodes: int) -> None:
+def _sim(overrides: dict, num_supernodes: int, mods: list | None = None) -> None:
     from fedgraph_flwr.engine.client_app import make_client_app
     from fedgraph_flwr.engine.server_app import make_server_app
 
-    simulate(make_server_app(overrides), make_client_app(), num_supernodes)
+    simulate(make_server_app(overrides), make_client_app(mods), num_supernodes)
+
+
+def _config_keys_recorder(folder: Path):
+    """A Flower client mod that writes the config keys of every message a ClientApp
+    receives to ``folder`` (one file per message type; the ClientApps run in Ray workers)."""
+    def mod(message, context, call_next):
+        if "config" in message.content:
+            name = message.metadata.message_type.replace(".", "_")
+            (folder / f"{name}.json").write_text(json.dumps(sorted(message.content["config"])))
+        return call_next(message, context)
+
+    return mod
 
 
 def _same(a, b) -> bool:
@@ -84,12 +96,26 @@ def test_local_never_uploads_and_differs_from_fedavg(tmp_path, data_root):
     assert not _same(round_metrics(local)[1], round_metrics(fedavg)[1])
 
 
+@pytest.mark.simulation
 @pytest.mark.parametrize("dataset", ["SBM", "Cora"])
 def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
     cfg = {"algorithm": "fedavg", "dataset": dataset, "num-clients": 3, "rounds": 2,
            "hidden": 16, "data-root": str(data_root), "output-dir": str(tmp_path),
            "run-name": "flower"}
-    _sim(cfg, num_supernodes=3)
+    seen = tmp_path / "config-keys"
+    seen.mkdir()
+    _sim(cfg, num_supernodes=3, mods=[_config_keys_recorder(seen)])
+    # A client hears the common client keys, its algorithm's options and the engine's
+    # per-round keys: nothing of the other algorithms or the server's own settings.
+    from fedgraph_flwr.algorithms import get_algorithm
+    from fedgraph_flwr.config import CLIENT_KEYS
+
+    engine_keys = {"server-round", "num-classes-global", "num-features-global",
+                   "client-state-token"}
+    train_keys = set(json.loads((seen / "train.json").read_text()))
+    assert train_keys == set(CLIENT_KEYS) | set(get_algorithm("fedavg").options.keys()) | engine_keys
+    assert len(train_keys) == len(CLIENT_KEYS) + 1 + 4 == 28  # fedavg has one option
+    assert set(json.loads((seen / "query.json").read_text())) <= train_keys
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
     assert [r["round"] for r in flower["rounds"]] == [1, 2]
     assert all(len(r["clients"]) == 3 and not r["failures"] for r in flower["rounds"])
@@ -99,6 +125,7 @@ def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
     assert flower["rounds"][0]["bytes_sent"] == inproc["rounds"][0]["bytes_sent"]
 
 
+@pytest.mark.simulation
 def test_supernode_count_mismatch_names_the_fix(tmp_path, data_root, capfd):
     # The default handshake-timeout (600 s, for deployments whose SuperNodes join over
     # minutes): a simulation's SuperNodes are all there at start, so it fails in seconds.
