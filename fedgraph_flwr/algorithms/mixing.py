@@ -30,8 +30,8 @@ from numpy.typing import DTypeLike
 
 Arrays = dict[str, np.ndarray]
 
-# Norms (or products of norms) below this count as this: a zero vector has cosine 0
-# with everything instead of NaN.
+# Norms (GCFL's order: products of norms) are floored at this, so that a zero vector
+# has cosine 0 with everything instead of NaN.
 NORM_FLOOR = 1e-12
 
 
