@@ -30,8 +30,8 @@ from numpy.typing import DTypeLike
 
 Arrays = dict[str, np.ndarray]
 
-# Norms (or products of norms) below this count as this: a zero vector has cosine 0
-# with everything instead of NaN.
+# Norms (GCFL's order: products of norms) are floored at this, so that a zero vector
+# has cosine 0 with everything instead of NaN.
 NORM_FLOOR = 1e-12
 
 
@@ -82,9 +82,9 @@ def mix(weights: np.ndarray, per_client: Sequence[Arrays], dtype: DTypeLike = np
     """
     mix_weights = np.asarray(weights, dtype=np.float64).astype(dtype)
 
-    def combine(stacked: np.ndarray) -> Sequence[np.ndarray]:
+    def combine(stacked: np.ndarray) -> np.ndarray:
         if rowwise:
-            return [np.tensordot(row, stacked, axes=1) for row in mix_weights]
+            return np.stack([np.tensordot(row, stacked, axes=1) for row in mix_weights])
         return np.tensordot(mix_weights, stacked, axes=1)
 
     mixed = _mix_floats(per_client, dtype, combine)
@@ -105,14 +105,14 @@ def average(weights: np.ndarray | None, per_client: Sequence[Arrays],
     once as a vector-matrix product.
     """
     if weights is None:
-        def combine(stacked: np.ndarray) -> Sequence[np.ndarray]:
-            return stacked.mean(axis=0)[None]
+        def combine(stacked: np.ndarray) -> np.ndarray:
+            return stacked.mean(axis=0)
     else:
         w = np.asarray(weights, dtype=np.float64).astype(dtype)
 
-        def combine(stacked: np.ndarray) -> Sequence[np.ndarray]:
-            return np.tensordot(w, stacked, axes=1)[None]
-    return {name: rows[0] for name, rows in _mix_floats(per_client, dtype, combine).items()}
+        def combine(stacked: np.ndarray) -> np.ndarray:
+            return np.tensordot(w, stacked, axes=1)
+    return _mix_floats(per_client, dtype, combine)
 
 
 def _is_mixed(array: np.ndarray) -> bool:
@@ -121,13 +121,12 @@ def _is_mixed(array: np.ndarray) -> bool:
 
 
 def _mix_floats(per_client: Sequence[Arrays], dtype: DTypeLike,
-                combine: Callable[[np.ndarray], Sequence[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+                combine: Callable[[np.ndarray], np.ndarray]) -> Arrays:
     """``combine`` applied to each floating array stacked over clients [K, ...] in
-    ``dtype``; its rows cast back to the upload's dtype."""
-    out: dict[str, list[np.ndarray]] = {}
+    ``dtype``, cast back to the upload's dtype."""
+    out: Arrays = {}
     for name, first in per_client[0].items():
-        if not _is_mixed(first):
-            continue
-        stacked = np.stack([arrays[name] for arrays in per_client]).astype(dtype, copy=False)
-        out[name] = [row.astype(first.dtype, copy=False) for row in combine(stacked)]
+        if _is_mixed(first):
+            stacked = np.stack([arrays[name] for arrays in per_client]).astype(dtype, copy=False)
+            out[name] = combine(stacked).astype(first.dtype, copy=False)
     return out
