@@ -349,7 +349,7 @@ def test_gcfl_plus_splits_by_gradient_sequences_and_resumes():
     assert agg.clusters == [list(range(6))]
     # resume mid-run through the engine's checkpoint path (numpy -> torch -> numpy)
     from fedgraph_flwr.engine import state_codec
-    from fedgraph_flwr.engine.federation import _to_numpy
+    from fedgraph_flwr.engine.checkpoint import to_numpy as _to_numpy
 
     blob = state_codec.encode(agg.state_dict())
     _, _, resumed = _gcfl_setup("gcfl+")
