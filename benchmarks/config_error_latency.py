@@ -4,7 +4,8 @@ For each bad run config it runs ``flwr run . --run-config <cfg> --stream`` again
 local SuperLink (started once, by a first run, with its state in a private FLWR_HOME)
 and reports when the ``fedgraph-flwr: error:`` line appeared, the line itself, when
 ``flwr run`` returned and with what exit status. Flower rejects an unknown key itself,
-before any of our code runs (``[code: 15] Invalid run configuration``).
+before any of our code runs (``[code: 15] Invalid run configuration``, without the key's
+name); in a ``config-file`` our check names it.
 
 Run it where the local SuperLink's ports are free, e.g. in a private network namespace:
 
@@ -59,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["flwr", "federation", "simulation-config", "@none/default", "local",
                     "--num-supernodes", "10", "--client-resources-num-cpus", "1"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
+    typo = Path(home) / "typo.yaml"
+    typo.write_text("algorithm: fedaux\nfedaux-sigmaa: 2\n")
     timed_run(CASES[0], env, args.timeout)  # starts the local SuperLink; not counted
-    rows = [timed_run(case, env, args.timeout) for case in CASES]
+    rows = [timed_run(case, env, args.timeout) for case in (*CASES, f"config-file='{typo}'")]
     print(f"{'run config':50} {'error line':>10} {'exit':>7} {'status':>6}  line")
     for r in rows:
         seen = f"{r['error_line_s']:.1f}s" if r["error_line_s"] is not None else "none"

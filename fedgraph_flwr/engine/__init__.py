@@ -1,1 +1,2 @@
-"""The strategy engine: the only part of the library that touches Flower records."""
+"""The engine: one round driver over a transport (Flower or in process), the server's
+bookkeeping, and the Flower apps; the only part of the library that touches Flower."""
