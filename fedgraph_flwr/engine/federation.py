@@ -11,6 +11,7 @@ round driver (:mod:`~.driver`) moves the messages.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -269,8 +270,6 @@ class Federation:
 
     def save_checkpoint(self) -> None:
         """Everything needed to continue after the last completed round (atomic)."""
-        import json
-
         self.checkpointer.save(self.config, {
             "round": self.rounds[-1].round if self.rounds else 0,
             "state_token": self.state_token,
@@ -285,8 +284,6 @@ class Federation:
 
     def load_checkpoint(self) -> int:
         """Restore a checkpoint; return the last completed round (0 if none)."""
-        import json
-
         state = self.checkpointer.load(self.config)
         self.state_token = str(state.get("state_token", self.state_token))
         self.payloads = {int(c): p for c, p in state["payloads"].items()}
