@@ -140,3 +140,23 @@ def test_supernode_count_mismatch_names_the_fix(tmp_path, data_root, capfd):
     assert 'fedgraph-flwr: error: the federation has 3 SuperNodes but num-clients=4' in err
     assert 'flwr run . --federation-config "num-supernodes=4"' in err
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_progress_json_is_rewritten_after_every_round(tmp_path, data_root):
+    """A live run is watchable from its output folder: progress.json after each round."""
+    cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
+           "data-root": str(data_root), "output-dir": str(tmp_path), "run-name": "watch"}
+    seen = []
+
+    def log(line: str) -> None:
+        path = tmp_path / "watch" / "progress.json"
+        if line.startswith("round ") and path.is_file():
+            seen.append(json.loads(path.read_text())["round"])
+
+    run_federation(cfg, log=log)
+    progress = json.loads((tmp_path / "watch" / "progress.json").read_text())
+    # each round's log line comes before that round's progress write: it sees the last one
+    assert seen == [1, 2]
+    assert progress["round"] == 3 and progress["finished"] and progress["eta_s"] == 0
+    assert progress["last_round"]["clients"] == 3 and progress["last_round"]["failures"] == {}
+    assert 1 <= progress["best_so_far"]["round"] <= 3

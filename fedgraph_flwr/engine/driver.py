@@ -9,7 +9,8 @@ hands its ``Grid`` to a transport and this driver runs over it: Flower's public
 
 One run: connect (wait for the clients, handshake) -> set up the federation (or
 resume it) -> the ``before-first-round`` phases -> per round, each ``every-round``
-phase in order, the train phase last (aggregate, record) -> checkpoint -> results.
+phase in order, the train phase last (aggregate, record) -> checkpoint and
+``progress.json`` -> results.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class RoundDriver:
             self.run_round(fed, server_round)
             if self.write:
                 fed.save_checkpoint()
+                fed.write_progress()  # what `watch` and dashboards read during the run
         if self.write:
             out = fed.write_results()
             from ..summary import format_summary

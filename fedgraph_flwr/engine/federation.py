@@ -27,7 +27,7 @@ from ..config import client_config as client_view
 from ..config import default_run_name
 from . import protocols
 from .checkpoint import Checkpointer
-from .recorder import Recorder, RoundLog, nbytes
+from .recorder import Recorder, RoundLog, atomic_write, nbytes
 from .roster import Roster
 
 __all__ = ["ClientReply", "Federation", "RoundLog", "nbytes"]
@@ -262,6 +262,40 @@ class Federation:
     def write_results(self) -> Path:
         """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``."""
         return self.recorder.write(self.results(), self.out_dir)
+
+    def progress(self) -> dict[str, Any]:
+        """A live run's state in a few hundred bytes (``progress.json``, rewritten after
+        every round): where it is, the last round's means and failures, the best so far."""
+        last = self.rounds[-1] if self.rounds else None
+        held = self.held_means()
+        scored = [r for r in self.rounds if not r.void and not math.isnan(held[r.round][0])]
+        best = max(scored, key=lambda r: (held[r.round][0], -r.round)) if scored else None
+        elapsed = self.wall_time()
+        done = len(self.rounds)
+        total = int(self.config["rounds"])
+        return {
+            "run-name": self.config["run-name"], "algorithm": self.config["algorithm"],
+            "dataset": self.config["dataset"], "round": last.round if last else 0,
+            "rounds": total, "finished": bool(last) and last.round == total,
+            "elapsed_s": elapsed,
+            "eta_s": elapsed / done * (total - last.round) if last else None,
+            "last_round": None if last is None else {
+                "mean_val": last.mean("val_metric"), "mean_test": last.mean("test_metric"),
+                "mean_train_loss": last.mean("train_loss"), "void": last.void,
+                "clients": len(last.clients), "sampled": len(last.sampled),
+                "failures": {str(c): r for c, r in sorted(last.failures.items())},
+                "seconds": last.times.get("round"),
+            },
+            "best_so_far": None if best is None else {
+                "round": best.round, "val": 100 * held[best.round][0],
+                "test": 100 * held[best.round][1]},
+        }
+
+    def write_progress(self) -> Path:
+        path = self.out_dir / "progress.json"
+        payload = json.dumps(self.progress(), indent=1, default=float).encode()
+        atomic_write(path, lambda fh: fh.write(payload))
+        return path
 
     # --- checkpoint / resume --------------------------------------------------------
     @property
