@@ -30,7 +30,7 @@ applies them as the paper describes; ``false`` reproduces the code (no-op).
 
 The code's ``MaskedLinear`` classifier draws its bias Xavier-uniform as a [1, C]
 matrix; ``fedpub-classifier-init=xavier`` does the same, the default ``glorot`` draws
-the same weight and a zero bias (on Cora-10 the two are within noise, README).
+the same weight and a zero bias (on Cora-10 the two are within noise, docs/results/baselines.md).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ two-layer head left commented out in the reference code). ``classifier_init="xav
 (Xavier-uniform weight *and* bias, the bias as a [1, C] matrix); ``"torch"`` keeps
 ``nn.Linear``'s default (weights 2.4× smaller for d' = 256, biases within ±1/sqrt(2d')).
 On the reference partitions the Xavier head scores 0.9 / 0.7 / 2.2 points higher on
-Cora-5 / 10 / 20 (README, ``configs/paper/fedaux-cora-init.yaml``); the paper is silent
-on it.
+Cora-5 / 10 / 20 (docs/results/fedaux.md, ``configs/paper/fedaux-cora-init.yaml``); the
+paper is silent on it.
 
 Parameter names: ``conv1.*`` ... ``conv{L}.*`` (conv1: d -> d', the others d' -> d';
 the paper sweeps L in {1, 2, 3}, Fig. 6), ``apv`` [d'], ``classifier.*`` (``classifier.0.*``
