@@ -15,7 +15,9 @@ A grid file::
 Each ``run``/``report`` also draws ``curves.png`` (mean test accuracy per round with a
 ±1 std band over seeds), ``per_client.png`` (each client's best-val test accuracy, per
 cell), ``minority.png`` where runs report FedSpray's pooled figures (overall, majority
-and minority test accuracy per cell) and, with ``plot-x: <key>``, ``by_<key>.png``.
+and minority test accuracy per cell) and, with ``plot-x: <key>``, ``by_<key>.png``,
+and writes ``report.html``: the table, those figures and every run linked to its own
+report.html (one self-contained page each, see fedgraph_flwr/report.py).
 ``grid`` may also be a list of such mappings (their union). A cell is
 ``algorithm|dataset|partition|num-clients``, plus ``|key=value`` for every other key in
 which runs of that cell differ (ablation switches).
@@ -45,6 +47,7 @@ import yaml
 
 from .config import ConfigError, resolve_config
 from .plots import draw_client_bars, draw_curves, draw_minority, draw_versus, round_curve
+from .report import write_grid_report
 
 CELL_KEYS = ("algorithm", "dataset", "partition", "num-clients")
 # Figures of results.json's ``final`` every table shows, and those a paper may be compared on.
@@ -349,15 +352,16 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
               "per-client best-val test (%)", *(f"{c} (%)" for c in extra),
               "seed-mean curve @ best val (%)", "oracle: best test round (%)",
               f"paper (vs {paper_metric})", "diff", "s/round"]
+    table = [[r[k] for k in ("cell", "seeds", *FIXED_COLUMNS, *extra,
+                             "seed_mean_curve_test_at_best_val", "best_test_round", "paper",
+                             "diff", "s_per_round")] for r in rows]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        fields = [r[k] for k in ("cell", "seeds", *FIXED_COLUMNS, *extra,
-                                 "seed_mean_curve_test_at_best_val", "best_test_round", "paper",
-                                 "diff", "s_per_round")]
-        fields[0] = fields[0].replace("|", "\\|")  # a literal | inside a Markdown table cell
-        lines.append("| " + " | ".join(fields) + " |")
+    for fields in table:
+        # a literal | inside a Markdown table cell
+        lines.append("| " + " | ".join([fields[0].replace("|", "\\|"), *fields[1:]]) + " |")
     md.write_text("\n".join(lines) + "\n")
     _draw(out, cells, spec or {}, paper_metric)
+    write_grid_report(out, [h.replace("\\|", "|") for h in header], table, cells, spec)
     path_csv = out / "table.csv"
     with path_csv.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["cell"])
@@ -400,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--engine", choices=("inprocess", "flower"), default="inprocess")
     run.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                      help="extra run-config overrides for every cell (e.g. data-root=...)")
-    rep = sub.add_parser("report", help="rewrite table.md/table.csv from saved results")
+    rep = sub.add_parser("report", help="rewrite table.md/table.csv, the figures and "
+                         "report.html from saved results")
     rep.add_argument("folder")
     rep.add_argument("--grid", help="the grid file, for the paper's figures")
     args = parser.parse_args(argv)

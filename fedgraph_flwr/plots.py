@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,60 +19,128 @@ def _pyplot():
 
 
 def draw_round_costs(rounds: list[dict[str, Any]], path: Path) -> Path:
-    """Bytes and seconds per round (from results.json's ``rounds``) in one PNG.
+    """Megabytes and seconds per round (from results.json's ``rounds``) in one PNG.
 
-    Left: bytes sent to and received from clients (sum over clients). Right: the
-    round's wall time, the server's wait for replies, aggregation, and the clients'
-    local training summed over clients.
+    Left: MB sent to and received from clients (sum over clients). Right: the round's
+    wall time, the server's wait for replies, aggregation, and the clients' local
+    training summed over clients. Legends sit under the panels and the y axes leave
+    headroom, so flat lines (every round costs the same) stay visible.
     """
     plt = _pyplot()
     x = [r["round"] for r in rounds]
-    sent = [sum(r["bytes_sent"].values()) for r in rounds]
-    received = [sum(r["bytes_received"].values()) for r in rounds]
+    sent = np.array([sum(r["bytes_sent"].values()) for r in rounds], dtype=np.float64) / 1e6
+    received = np.array([sum(r["bytes_received"].values()) for r in rounds], dtype=np.float64) / 1e6
 
     def seconds(get) -> list[float]:
         return [float(get(r)) for r in rounds]
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(x, sent, marker="o", label="sent to clients")
-    left.plot(x, received, marker="s", label="received from clients")
-    left.set_xlabel("round")
-    left.set_ylabel("bytes")
-    left.set_title("bytes per round")
-    left.legend()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
+    # Sent and received are often equal (a model down, a model up): a solid line under a
+    # dashed one with hollow markers keeps both visible.
+    left.plot(x, sent, color="tab:blue", ls="-", lw=2.5, marker="o",
+              label=f"sent to clients ({sent.sum():.2f} MB in all)")
+    left.plot(x, received, color="tab:orange", ls="--", lw=1.5, marker="s", mfc="none",
+              label=f"received from clients ({received.sum():.2f} MB in all)")
+    left.set_ylabel("MB (10⁶ bytes, sum over clients)")
+    left.set_title("megabytes per round")
     right.plot(x, seconds(lambda r: r["times"].get("round", np.nan)), marker="o", label="round")
-    right.plot(x, seconds(lambda r: r["times"].get("wait", np.nan)), marker="s",
+    right.plot(x, seconds(lambda r: r["times"].get("wait", np.nan)), marker="s", ls="--",
                label="server wait for replies")
-    right.plot(x, seconds(lambda r: r["times"].get("aggregate", np.nan)), marker="^",
+    right.plot(x, seconds(lambda r: r["times"].get("aggregate", np.nan)), marker="^", ls=":",
                label="aggregation")
     right.plot(x, seconds(lambda r: sum(t.get("train", 0.0) for t in r.get("client_times", {}).values())),
-               marker="x", label="local training (sum over clients)")
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in (left, right):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(bottom=0)
-    right.set_xlabel("round")
+               marker="x", ls="-.", label="local training (sum over clients)")
     right.set_ylabel("seconds")
     right.set_title("seconds per round")
-    right.legend(fontsize="small")
-    fig.tight_layout()
+    for ax in (left, right):
+        _round_axis(ax, x)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small",
+                  frameon=False)
     out = _save(fig, path, dpi=100)
     plt.close(fig)
     return out
 
 
-def _client_matrix(ax, matrix: np.ndarray, client_ids: list[int], title: str, **title_kw):
-    """A K×K client matrix as a heatmap on ``ax``, at most ~10 partition-id ticks per axis."""
+def _round_axis(ax, rounds: list[int]) -> None:
+    """Integer round ticks, and y from 0 with headroom above the highest point."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    if rounds:
+        ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
+    if 0 < len(rounds) <= 12:
+        ax.set_xticks(rounds)  # MaxNLocator falls back to fractions on a span under 1
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    top = max((np.nanmax(line.get_ydata()) for line in ax.get_lines()
+               if np.isfinite(line.get_ydata()).any()), default=0.0)
+    ax.set_ylim(0, 1.25 * top if top > 0 else 1.0)
+
+
+# Mixing weights within this fraction of their mean count as uniform (FedAvg's 1/K):
+# a heatmap stretched over such noise would suggest structure that is not there.
+UNIFORM_RTOL = 1e-3
+MIXING_NAMES = ("weights", "mixing")
+
+
+def _decimals(lo: float, hi: float) -> int:
+    """Decimal places that tell ``lo`` and ``hi`` apart (2 to 8)."""
+    span = hi - lo
+    if not span > 0:
+        return 2
+    return int(min(8, max(2, math.ceil(-math.log10(span) - 1e-9) + 1)))
+
+
+def matrix_caption(name: str, matrix: np.ndarray) -> tuple[str, tuple[float, float] | None]:
+    """A heatmap's subtitle and, for uniform mixing, the colour limits that draw it in one
+    colour (else None: the colours span the data).
+
+    Mixing weights (``weights``/``mixing`` diagnostics) that are all equal within
+    :data:`UNIFORM_RTOL` read "uniform mixing: every weight = 1/K"; any other matrix
+    states its range with as many decimals as tell its ends apart. NaN entries (clients
+    that sat out the round) are drawn blank and said so.
+    """
+    values = matrix[np.isfinite(matrix)]
+    if values.size == 0:
+        return "no data", None
+    blank = "; blank: sat out" if values.size < matrix.size else ""
+    lo, hi, mean = float(values.min()), float(values.max()), float(values.mean())
+    mixing = name.rsplit(".", 1)[-1] in MIXING_NAMES
+    if mixing and mean > 0 and hi - lo <= UNIFORM_RTOL * mean:
+        k = round(1 / mean)
+        value = f"1/{k}" if abs(k * mean - 1) <= UNIFORM_RTOL else f"{mean:.4g}"
+        spread = max(hi - mean, mean - lo)
+        within = f" (all within ±{spread:.1e})" if spread > 0 else ""
+        return f"uniform mixing: every weight = {value}{within}{blank}", (0.0, 2 * mean)
+    d = _decimals(lo, hi)
+    return f"range {lo:.{d}f}–{hi:.{d}f}{blank}", None
+
+
+def _client_matrix(fig, ax, matrix: np.ndarray, client_ids: list[int], title: str,
+                   name: str, **title_kw) -> None:
+    """A K×K client matrix as a heatmap on ``ax`` with its colour bar: at most ~10
+    partition-id ticks per axis, the range (or uniform mixing) under the title, and
+    plain tick values (an offset such as ``1e-5+9.999e-1`` would collide with the title)."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+    caption, limits = matrix_caption(name, matrix)
     im = ax.imshow(matrix, cmap="viridis")
-    ax.set_title(title, **title_kw)
+    if limits is not None:
+        im.set_clim(*limits)
+    ax.set_title(f"{title}\n{caption}", **title_kw)
     ax.set_xlabel("client (partition id)")
     ax.set_ylabel("client (partition id)")
     ticks = np.arange(len(client_ids))
     step = max(1, len(client_ids) // 10)
     ax.set_xticks(ticks[::step], [str(c) for c in client_ids][::step])
     ax.set_yticks(ticks[::step], [str(c) for c in client_ids][::step])
-    return im
+    bar = fig.colorbar(im, ax=ax, shrink=0.85)
+    # Ticks at 1, 2 or 5 × 10^n, printed with exactly the decimals that step needs.
+    bar.locator = MaxNLocator(5, steps=[1, 2, 5, 10])
+    ticks = bar.locator.tick_values(*im.get_clim())
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    bar.formatter = FormatStrFormatter(f"%.{max(2, math.ceil(-math.log10(step) - 1e-9))}f")
+    bar.update_ticks()
 
 
 def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out_dir: Path) -> list[Path]:
@@ -84,12 +153,10 @@ def draw_heatmaps(diagnostics: dict[str, np.ndarray], client_ids: list[int], out
         if not rounds:
             continue
         last = rounds[-1]
-        fig, ax = plt.subplots(figsize=(5, 4.2))
-        im = _client_matrix(ax, stacked[last], client_ids, f"{name} (round {last + 1})")
-        fig.colorbar(im, ax=ax)
-        fig.tight_layout()
-        path = Path(out_dir) / f"heatmap_{name.replace('.', '_')}.png"
-        fig.savefig(path, dpi=110)
+        fig, ax = plt.subplots(figsize=(5.2, 4.6), layout="constrained")
+        _client_matrix(fig, ax, stacked[last], client_ids, f"{name} (round {last + 1})", name,
+                       fontsize=10)
+        path = _save(fig, Path(out_dir) / f"heatmap_{name.replace('.', '_')}.png")
         plt.close(fig)
         paths.append(path)
     return paths
@@ -106,10 +173,7 @@ def draw_side_by_side(panels: dict[str, np.ndarray], path: str | Path, title: st
     for ax, (name, matrix) in zip(axes[0], panels.items()):
         matrix = np.asarray(matrix, dtype=np.float64)
         ids = client_ids if client_ids is not None else list(range(matrix.shape[0]))
-        im = _client_matrix(ax, matrix, ids, name, fontsize=10)
-        bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        bar.formatter.set_useOffset(False)  # near-constant matrices: show values, not an offset
-        bar.update_ticks()
+        _client_matrix(fig, ax, matrix, ids, name, name, fontsize=10)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -136,6 +200,45 @@ def round_curve(result: dict[str, Any], which: str = "test") -> np.ndarray:
     """
     return 100 * np.array([float(rnd.get(f"held_mean_{which}", rnd.get(f"mean_{which}", np.nan)))
                            for rnd in result["rounds"]])
+
+
+def run_curves_png(result: dict[str, Any]) -> bytes:
+    """One run's per-round curves as PNG bytes (for report.html, no file): mean val and
+    test over all clients' held models, with the best mean-val round marked, and the
+    mean training loss of the clients that trained."""
+    import io
+
+    plt = _pyplot()
+    x = [r["round"] for r in result["rounds"]]
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained",
+                                    gridspec_kw={"width_ratios": [3, 2]})
+    val, test = round_curve(result, "val"), round_curve(result, "test")
+    acc.plot(x, val, color="tab:green", marker=".", label="val")
+    acc.plot(x, test, color="tab:blue", marker=".", label="test")
+    best = result["final"].get("best_round")
+    if best in x:
+        at = x.index(best)
+        acc.axvline(best, color="k", ls=":", lw=1)
+        # in the legend, not as a label on the curve: it never collides with the lines
+        acc.plot([best], [test[at]], ls="none", marker="*", ms=11, color="k",
+                 label=f"best mean val: round {best}, test {test[at]:.2f}%")
+    acc.set_ylabel(f"held mean {result['final'].get('metric', 'accuracy')} (%)")
+    acc.set_title("val and test per round")
+    acc.legend(loc="best", fontsize="small")
+    loss.plot(x, [float(r.get("mean_train_loss", np.nan)) for r in result["rounds"]],
+              color="tab:red", marker=".")
+    loss.set_ylabel("mean train loss")
+    loss.set_title("training loss per round")
+    for ax in (acc, loss):
+        _round_axis(ax, x)
+        ax.grid(alpha=0.3)
+    finite = test[np.isfinite(test)].tolist() + val[np.isfinite(val)].tolist()
+    if finite:  # zoom on the curves: a flat run at 80% should not sit in the top fifth
+        acc.set_ylim(max(0.0, min(finite) - 5), min(100.0, max(finite) + 5))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path, which: str = "test") -> Path:

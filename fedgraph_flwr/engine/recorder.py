@@ -107,7 +107,8 @@ class Recorder:
         history.append(full)
 
     def write(self, results: dict[str, Any], out: Path) -> Path:
-        """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out``."""
+        """results.json, history.csv, costs.png, diagnostics.npz, heatmaps and report.html
+        under ``out``."""
         out.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(results, indent=1, default=float).encode()
         atomic_write(out / "results.json", lambda fh: fh.write(payload))
@@ -121,6 +122,9 @@ class Recorder:
             from ..plots import draw_heatmaps
 
             draw_heatmaps(stacked, self.client_ids, out)
+        from ..report import write_run_report  # last: it embeds the PNGs drawn above
+
+        write_run_report(results, out)
         return out
 
     def write_history(self, path: Path) -> None:
