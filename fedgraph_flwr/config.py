@@ -282,6 +282,16 @@ def data_root(config: Mapping[str, Any]) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedgraph-flwr"
 
 
+def data_root_source(config: Mapping[str, Any]) -> str:
+    """Where :func:`data_root` came from, in words (for error messages)."""
+    if config.get("data-root"):
+        return "run-config data-root"
+    if os.environ.get("FEDGRAPH_DATA_ROOT"):
+        return "env FEDGRAPH_DATA_ROOT of this process"
+    return ("the default: neither run-config data-root nor env FEDGRAPH_DATA_ROOT is set "
+            "where this client runs")
+
+
 def default_run_name(config: Mapping[str, Any]) -> str:
     """A readable, deterministic name for a run's output folder."""
     return (
