@@ -53,7 +53,14 @@ from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
 from . import files, noniid
-from .datasets import canonical_name, default_data_root, get_spec, load_dataset, num_classes_of, user_cache_dir
+from .datasets import (
+    canonical_name,
+    default_data_root,
+    get_spec,
+    load_dataset,
+    num_classes_of,
+    user_cache_dir,
+)
 from .splits import per_client_split, random_split, split_ratios
 
 MODES = ("metis", "metis-overlapping", "louvain", "blocks")
