@@ -285,11 +285,10 @@ def data_root(config: Mapping[str, Any]) -> Path:
 def data_root_source(config: Mapping[str, Any]) -> str:
     """Where :func:`data_root` came from, in words (for error messages)."""
     if config.get("data-root"):
-        return "run-config data-root"
+        return "data root from run-config data-root"
     if os.environ.get("FEDGRAPH_DATA_ROOT"):
-        return "env FEDGRAPH_DATA_ROOT of this process"
-    return ("the default: neither run-config data-root nor env FEDGRAPH_DATA_ROOT is set "
-            "where this client runs")
+        return "data root from env FEDGRAPH_DATA_ROOT"
+    return "the default data root: neither data-root nor FEDGRAPH_DATA_ROOT is set here"
 
 
 def default_run_name(config: Mapping[str, Any]) -> str:

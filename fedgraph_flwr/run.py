@@ -36,6 +36,7 @@ RUN_ID = re.compile(r"Successfully started run (\d+)|\"run-id\":\s*\"?(\d+)")
 #: Seconds to wait, after the log stream ends, for the SuperLink to record the outcome.
 STATUS_WAIT_S = 30.0
 LOCAL_ADDRESSES = (":local:", ":local-in-memory:")
+ERROR_LINE = "fedgraph-flwr: error: "  # what server_app.py prints before it stops a run
 
 
 def _flwr() -> list[str]:
@@ -160,11 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     proc = subprocess.Popen([*_flwr(), "run", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     run_id = None
+    said = False  # the ServerApp's own one-line error went by
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
+            said |= line.startswith(ERROR_LINE)
             match = RUN_ID.search(line) if run_id is None else None
             if match:
                 run_id = int(match[1] or match[2])
@@ -187,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fedgraph-run: run {run_id}: outcome unknown ({shown})", file=sys.stderr)
     elif code == 1:
         assert status is not None
-        details = f": {status[1]}" if status[1] else ""
+        details = " (the reason is above)" if said else (f": {status[1]}" if status[1] else "")
         print(f"fedgraph-run: run {run_id} {status[0]}{details}", file=sys.stderr)
     return code
 

@@ -26,6 +26,7 @@ import pytest
 from fedgraph_flwr import run as fedgraph_run
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
+from fedgraph_flwr.engine import flower_transport
 from fedgraph_flwr.engine.client_app import ERROR_DATA, ERROR_DATA_ROOT
 from fedgraph_flwr.engine.driver import RunAborted
 from fedgraph_flwr.engine.flower_transport import FlowerTransport, serialised_note
@@ -76,7 +77,20 @@ def _info(resources: dict):
 
 CONFIG = {"algorithm": "fedavg", "dataset": "Cora", "num-clients": 10, "handshake-timeout": 5.0}
 MISSING = ("DataRootError: dataset 'Cora' is not available under /home/u/.cache/fedgraph-flwr: "
-           "missing Cora/raw/ind.cora.x (data root: the default: ...)")
+           "missing Cora/raw/ind.cora.x (the default data root: neither data-root nor "
+           "FEDGRAPH_DATA_ROOT is set here)")
+
+
+@pytest.fixture(autouse=True)
+def _messages_without_a_run(monkeypatch):
+    """Flower's Message needs a run to be built in; the fake grid reads only its node."""
+    def message(content, dst_node_id, message_type, group_id=""):
+        return SimpleNamespace(content=content, metadata=SimpleNamespace(
+            dst_node_id=dst_node_id, message_type=message_type, group_id=group_id))
+
+    monkeypatch.setattr(flower_transport, "Message", message)
+    # The handshake's own lines: no dataset check before it (tested on its own below).
+    monkeypatch.setattr(flower_transport, "missing_dataset", lambda config: None)
 
 
 def _connect(grid, **config):
@@ -96,6 +110,7 @@ def test_a_data_root_that_reached_no_client_is_one_line_with_the_fix(monkeypatch
     assert message.startswith(f"handshake failed: all 10 clients: {MISSING}")
     # The trap, and both ways out.
     assert "environment the local SuperLink had when it started" in message
+    assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in message
     assert "--run-config \"data-root='/path/to/datasets'\"" in message
     assert "pkill -f flower-superlink; export FEDGRAPH_DATA_ROOT=" in message
 
@@ -125,16 +140,40 @@ def test_different_reasons_get_a_line_each():
         "node 10: ClientDataError: node 10")
 
 
+def test_a_simulation_checks_the_dataset_before_the_handshake(tmp_path, monkeypatch):
+    """Its ClientApps share the ServerApp's environment and files: no message is sent."""
+    monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(flower_transport, "missing_dataset", rt.missing_dataset)
+    grid = InMemoryGrid(list(range(1, 11)), _error(ERROR_DATA, "never asked"))
+    with pytest.raises(RunAborted) as failed:
+        _connect(grid)
+    assert not grid.sent
+    assert str(failed.value).startswith(
+        "the 10 simulated clients cannot load their data: DataRootError: dataset 'Cora' is not "
+        f"available under {tmp_path / 'cache' / 'fedgraph-flwr'}: missing Cora/raw/ind.cora.x")
+    assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in str(failed.value)
+    assert rt.missing_dataset(resolve_config({"dataset": "SBM"})) is None
+
+
+@requires_datasets
+def test_no_check_failure_where_the_data_is(data_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert rt.missing_dataset(resolve_config({"data-root": str(data_root)})) is None
+    assert rt.missing_dataset(resolve_config({"data-root": str(tmp_path)})).startswith(
+        f"DataRootError: dataset 'Cora' is not available under {tmp_path}: missing ")
+
+
 def test_missing_dataset_names_where_the_client_looked(tmp_path, monkeypatch):
     monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = resolve_config({"dataset": "Cora", "num-clients": 2})
-    with pytest.raises(rt.DataRootError, match=r"not available under .*cache/fedgraph-flwr.*"
-                       r"\(data root: the default: neither run-config data-root nor env "
-                       r"FEDGRAPH_DATA_ROOT is set where this client runs\)$"):
+    with pytest.raises(rt.DataRootError, match=r"not available under .*cache/fedgraph-flwr: "
+                       r"missing Cora/raw/.* \(the default data root: neither data-root nor "
+                       r"FEDGRAPH_DATA_ROOT is set here\)$"):
         rt.load_client_data(rt.ClientIdentity(0, "cache"), config)
     monkeypatch.setenv("FEDGRAPH_DATA_ROOT", str(tmp_path / "env"))
-    with pytest.raises(rt.DataRootError, match=r"under .*env.*\(data root: env FEDGRAPH_DATA_ROOT"):
+    with pytest.raises(rt.DataRootError, match=r"under .*env.*\(data root from env FEDGRAPH_DATA_ROOT\)$"):
         rt.load_client_data(rt.ClientIdentity(0, "cache"), config)
 
 
@@ -213,7 +252,7 @@ def test_run_status_reads_flwr_ls_json():
                                           "status-details": "ServerApp failed"}]}
 
     def runner(cmd, **_):
-        assert cmd[-5:] == ["ls", "--run-id", "7", "--format", "json"]
+        assert cmd[-5:-3] == ["ls", "--run-id"] and cmd[-2:] == ["--format", "json"]
         return SimpleNamespace(stdout=json.dumps(payload), returncode=0)
 
     assert fedgraph_run.run_status(7, None, runner) == ("finished:failed", "ServerApp failed")
@@ -235,11 +274,15 @@ def test_exit_codes(status, code):
 
 
 # --- for real: flwr run against a local SuperLink in private namespaces ------------------
+# Own network (loopback only) and PID namespace: whatever a step starts, the local SuperLink
+# included, is killed with the namespace's first process.
+UNSHARE = ["unshare", "-n", "-p", "-f", "--mount-proc", "--kill-child"]
+
+
 def _can_unshare() -> bool:
     if not shutil.which("unshare") or not shutil.which("ip"):
         return False
-    probe = subprocess.run(["unshare", "-n", "-p", "-f", "--kill-child", "sh", "-c",
-                            "ip link set lo up"], capture_output=True)
+    probe = subprocess.run([*UNSHARE, "sh", "-c", "ip link set lo up"], capture_output=True)
     return probe.returncode == 0
 
 
@@ -277,8 +320,7 @@ def _in_namespace(tmp_path: Path, steps: list[tuple[str, str]], env: dict | None
                  "XDG_CACHE_HOME": str(tmp_path / "cache"),  # no dataset, no partition of the user's
                  "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                  **(env or {})})
-    subprocess.run(["unshare", "-n", "-p", "-f", "--kill-child", "sh", "-c", "\n".join(lines)],
-                   env=base, timeout=timeout, check=True)
+    subprocess.run([*UNSHARE, "sh", "-c", "\n".join(lines)], env=base, timeout=timeout, check=True)
     results = {}
     for name, _ in steps:
         t0, t1 = (float(t) for t in (out / f"{name}.t").read_text().split())
@@ -288,7 +330,7 @@ def _in_namespace(tmp_path: Path, steps: list[tuple[str, str]], env: dict | None
 
 
 FEDGRAPH_RUN = f"{sys.executable} -m fedgraph_flwr.run"
-SBM = "dataset='SBM' partition='blocks' num-clients=2 rounds=1 hidden=8"
+SBM = "dataset='SBM' num-clients=2 rounds=1 hidden=8"  # (partition=blocks wants 20 clients)
 
 
 def _show(results: dict) -> str:
@@ -317,11 +359,11 @@ def test_fedgraph_run_exit_status_and_the_serialised_note(tmp_path):
     shown = _show(results)
     bad, serial, parallel = results["bad"], results["serial"], results["parallel"]
     assert bad["rc"] == 1, shown
-    assert bad["out"].count("handshake failed: all 2 clients: DataRootError: dataset 'Cora' is "
-                            "not available under") >= 1, shown
-    assert "fedgraph-run: run " in bad["out"] and "finished:failed" in bad["out"], shown
+    assert bad["out"].count("fedgraph-flwr: error: the 2 simulated clients cannot load their data: "
+                            "DataRootError: dataset 'Cora' is not available under") == 1, shown
+    assert "finished:failed (the reason is above)" in bad["out"], shown
     assert "fedgraph-flwr client error" not in bad["out"], shown  # no per-client repeats
-    assert "data-root is not set and the simulation does not see FEDGRAPH_DATA_ROOT" in bad["out"]
+    assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in bad["out"], shown
     assert serial["rc"] == 0 and parallel["rc"] == 0, shown
     assert serial["out"].count("ClientApps one after another") == 1, shown
     assert "one after another" not in parallel["out"], shown
@@ -353,7 +395,7 @@ def test_data_root_exported_after_the_superlink_started(tmp_path):
     assert results["start"]["rc"] == 0, shown
     flwr = results["flwr"]
     assert flwr["rc"] == 0, shown  # Flower's own exit status says nothing
-    assert "handshake failed: all 2 clients: DataRootError" in flwr["out"], shown
+    assert "the 2 simulated clients cannot load their data: DataRootError" in flwr["out"], shown
     assert "pkill -f flower-superlink; export FEDGRAPH_DATA_ROOT=" in flwr["out"], shown
     ours = results["ours"]
     assert ours["rc"] == 0, shown

@@ -114,13 +114,31 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
         else:
             data = files.load_subgraph_file(p)
     except DatasetNotAvailable as exc:
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        raise DataRootError(f"{first} (data root: {data_root_source(config)})") from exc
+        raise DataRootError(_data_root_reason(str(exc) or repr(exc), config)) from exc
     except (OSError, ValueError, RuntimeError) as exc:
         raise ClientDataError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
     num_classes = int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
     _DATA_CACHE[key] = (data, num_classes)
     return data, num_classes
+
+
+def _data_root_reason(message: str, config: Config) -> str:
+    """Where the dataset's files are missing and where that root came from; the server
+    adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
+    first = message.splitlines()[0].split("; downloads are not attempted")[0]
+    return f"{first} ({data_root_source(config)})"
+
+
+def missing_dataset(config: Config) -> str | None:
+    """The :class:`DataRootError` every client of this run would raise here, without
+    loading anything (this process's data root and files), or None. The ServerApp of a
+    simulation asks it before the handshake: its ClientApps share its environment."""
+    if config["partition"] == "files":
+        return None
+    from ..data import partition
+
+    why = partition.unavailable_dataset(dict(config, **{"data-root": str(data_root(config))}))
+    return None if why is None else f"DataRootError: {_data_root_reason(why, config)}"
 
 
 def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:

@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from ..algorithms.base import Arrays, Config, Phase
 from ..config import client_config as client_view
 from .client_app import ERROR_DATA_ROOT
+from .client_runtime import missing_dataset
 from .driver import RunAborted
 from .federation import ClientReply, nbytes
 from .records import (
@@ -62,16 +63,16 @@ def data_root_hint(config: Config, simulated: bool) -> str:
         return ""  # an explicit data-root: the clients' reason names it
     fix = "--run-config \"data-root='/path/to/datasets'\""
     if not simulated:
-        return (f". data-root is not set, so each SuperNode used its own FEDGRAPH_DATA_ROOT "
-                f"or ~/.cache/fedgraph-flwr: pass {fix} to flwr run, or start each SuperNode "
+        return (f". Each SuperNode looks in its own FEDGRAPH_DATA_ROOT (set before it starts), "
+                f"else ~/.cache/fedgraph-flwr. Fix: flwr run . {fix}, or start the SuperNodes "
                 f"with FEDGRAPH_DATA_ROOT set")
     if os.environ.get("FEDGRAPH_DATA_ROOT"):
         return ""  # the clients saw the variable (the reason says where they looked)
-    return (f". data-root is not set and the simulation does not see FEDGRAPH_DATA_ROOT: its "
-            f"apps run with the environment the local SuperLink had when it started, so a "
-            f"variable exported since is ignored. Fix: flwr run . {fix} (fedgraph-run passes "
-            f"$FEDGRAPH_DATA_ROOT on by itself), or restart the local SuperLink with it set: "
-            f"pkill -f flower-superlink; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .")
+    return (f". A local simulation runs with the environment the local SuperLink had when it "
+            f"started: a FEDGRAPH_DATA_ROOT exported since is not seen. Fix: flwr run . {fix} "
+            f"(fedgraph-run passes $FEDGRAPH_DATA_ROOT on by itself), or restart the local "
+            f"SuperLink with the variable set: pkill -f flower-superlink; "
+            f"export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .")
 
 
 def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | None:
@@ -150,6 +151,15 @@ class FlowerTransport(Transport):
         says so once (:func:`serialised_note`).
         """
         nodes = self.wait_for_nodes(config)
+        simulated = is_simulation(self.grid)
+        if simulated:
+            # A simulation's ClientApps run with this process's environment and files: a
+            # dataset missing here is missing for all of them, said now rather than after
+            # Ray has started them all.
+            reason = missing_dataset(config)
+            if reason:
+                raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
+                                 f"{reason}{data_root_hint(config, simulated)}")
         record = to_config_record(client_view(config))
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
                     for node in nodes]
@@ -175,11 +185,13 @@ class FlowerTransport(Transport):
             roster[cid] = info
             self.node_of[cid] = node
             self.client_of[node] = cid
-        problems = [_collapse(reason, found, len(nodes)) for reason, found in failed.items()]
+        # The most common reason first, then by node: the same failures read the same way.
+        problems = [_collapse(reason, found, len(nodes)) for reason, found in
+                    sorted(failed.items(), key=lambda item: (-len(item[1]), min(item[1])))]
         if missing:
             problems.append(f"{len(missing)} node(s) did not answer the handshake in time")
         if problems:
-            hint = data_root_hint(config, is_simulation(self.grid)) if ERROR_DATA_ROOT in codes else ""
+            hint = data_root_hint(config, simulated) if ERROR_DATA_ROOT in codes else ""
             raise RunAborted("handshake failed: " + "; ".join(problems) + hint)
         note = serialised_note(resources, int(config["num-clients"]))
         if note:
