@@ -41,6 +41,7 @@ def make_files(nodes: int, clients: int, out: Path, seed: int) -> float:
     from fedgraph_flwr.data.files import export_partitions
     from fedgraph_flwr.data.partition import partition_graph
     from fedgraph_flwr.data.splits import random_split
+
     from partition_scale import build_graph
 
     t0 = time.perf_counter()

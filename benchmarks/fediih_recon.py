@@ -87,7 +87,8 @@ def main() -> None:
     for n in args.nodes:
         exact = None
         for method in ("dense", "blockwise", "sampled"):
-            if (method == "dense" and n > args.dense_max) or (method == "blockwise" and n > args.blockwise_max):
+            if ((method == "dense" and n > args.dense_max)
+                    or (method == "blockwise" and n > args.blockwise_max)):
                 rows.append({"method": method, "nodes": n, "skipped": True})
                 continue
             cmd = [sys.executable, __file__, "--one", method, str(n), "--dim", str(args.dim),

@@ -67,7 +67,7 @@ def bench_case(n: int, deg: int, k: int, d: int, iters: int, repeats: int) -> li
     for form, run in forms.items():
         with torch.no_grad():
             forward = timed(run)
-        backward = timed(lambda: run().sum().backward())
+        backward = timed(lambda run=run: run().sum().backward())
         rows.append({"benchmark": "fediih_routing", "form": form, "nodes": n,
                      "edges": int(edge_index.size(1)), "factors": k, "factor_dim": d,
                      "iterations": iters, "forward_s": forward, "forward_backward_s": backward,

@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 import torch
+from torch_geometric.data import Data
 
 from fedgraph_flwr.data.partition import csr_adjacency, metis_membership, partition_graph
 from fedgraph_flwr.data.splits import random_split, split_ratios
 from fedgraph_flwr.data.synthetic import sbm_edge_index
-from torch_geometric.data import Data
 
 
 def peak_rss_mib() -> float:

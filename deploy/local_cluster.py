@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dep.up(files)
         print(f"SuperLink at {dep.address}; {args.clients} SuperNodes online; logs in {dep.logs}")
-        print(f"run:  FLWR_HOME={dep.flwr_home} {L.shell(L.run_cmd(run_config=f'num-clients={args.clients}'))}")
+        run = L.shell(L.run_cmd(run_config=f"num-clients={args.clients}"))
+        print(f"run:  FLWR_HOME={dep.flwr_home} {run}")
         ended: set[str] = set()
         while True:  # report processes that end; keep the rest running until Ctrl-C
             for name, proc in dep.procs.items():

@@ -282,6 +282,15 @@ def data_root(config: Mapping[str, Any]) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedgraph-flwr"
 
 
+def data_root_source(config: Mapping[str, Any]) -> str:
+    """Where :func:`data_root` came from, in words (for error messages)."""
+    if config.get("data-root"):
+        return "data root from run-config data-root"
+    if os.environ.get("FEDGRAPH_DATA_ROOT"):
+        return "data root from env FEDGRAPH_DATA_ROOT"
+    return "the default data root: neither data-root nor FEDGRAPH_DATA_ROOT is set here"
+
+
 def default_run_name(config: Mapping[str, Any]) -> str:
     """A readable, deterministic name for a run's output folder."""
     return (

@@ -138,7 +138,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             progress.reset(rounds, total=total)
             done = {"n": 0}
 
-            def on_round(msg: str) -> None:
+            def on_round(msg: str, done: dict[str, int] = done) -> None:
                 if msg.startswith("round "):
                     done["n"] += 1
                     progress.update(rounds, completed=done["n"], description=msg[:60])
@@ -373,7 +373,8 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
 def _draw(out: Path, cells: dict[str, list[dict[str, Any]]], spec: dict[str, Any],
           paper_metric: str) -> None:
     """curves.png (mean test accuracy per round, ±1 std over seeds, one line per cell),
-    per_client.png, minority.png (when the runs report pooled minority figures); with ``plot-x: <key>`` in the grid file also ``by_<key>.png``: the headline figure
+    per_client.png, minority.png (when the runs report pooled minority figures); with
+    ``plot-x: <key>`` in the grid file also ``by_<key>.png``: the headline figure
     against that key's value, one line per cell otherwise alike."""
     if not cells:
         return

@@ -132,8 +132,8 @@ def test_serverapp_retries_reply_objects_sooner(monkeypatch):
     """The ServerApp's grid pulls a reply's objects with inflatable_utils.pull_objects
     (the seam in the flwr we test with); speed_up_reply_pulls sets its first retry to
     20 ms, not 1 s."""
-    from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import http_grid
 
     assert http_grid.pull_objects is inflatable_utils.pull_objects
     defaults = inflatable_utils.pull_objects.__kwdefaults__

@@ -78,7 +78,7 @@ def run_rounds(trainer_cls, aggregator_cls, config: dict, rounds: int = 3, num_c
             updates[c] = ClientUpdate(up, trainer.signature(), int(data.train_mask.sum()), m)
             metrics[c] = m
         result = agg.aggregate(rnd, updates)
-        for c, p in result.payloads.items():
+        for p in result.payloads.values():
             assert set(p) == set(initial)
             assert all(p[k].shape == initial[k].shape and p[k].dtype == initial[k].dtype for k in p)
             assert all(np.isfinite(v).all() for v in p.values())
@@ -405,7 +405,8 @@ def test_apfl_mixture_endpoints_and_adaptive_alpha():
     assert state_dicts_equal(trainer.model.state_dict(), fedavg_t.model.state_dict())
     assert not state_dicts_equal(trainer.local_model.state_dict(), fedavg_t.model.state_dict())
     # adaptive α moves and stays in [0, 1]
-    ada = apfl.APFLTrainer(data, make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5), NUM_CLASSES, CPU)
+    ada = apfl.APFLTrainer(data, make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5),
+                           NUM_CLASSES, CPU)
     ada.train(10)
     assert float(ada.alpha) != 0.25 and 0.0 <= float(ada.alpha) <= 1.0
 

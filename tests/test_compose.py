@@ -119,7 +119,7 @@ def test_process_layout(services):
 
 
 def test_commands_parse_with_flowers_own_parsers(services):
-    for name, service in services.items():
+    for service in services.values():
         if service["command"][0] == "python":
             continue
         _args(service)  # argparse exits (SystemExit) on any unknown/invalid flag
@@ -219,7 +219,7 @@ def test_gpu_reservation_is_an_opt_in_profile(services):
 def test_every_host_path_is_written_by_prepare(services, prepared):
     """Each bind mount's host side exists after prepare.py (compose resolves ./ from deploy/)."""
     for name, service in services.items():
-        for container, (host, _) in _mounts(service).items():
+        for host, _ in _mounts(service).values():
             assert host.startswith(f"./{L.GENERATED}/"), (name, host)
             assert (prepared.parent / host[2:]).exists(), f"{name}: prepare.py does not write {host}"
     assert sorted(p.name for p in (prepared / "partitions").iterdir()) == [

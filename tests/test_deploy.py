@@ -48,6 +48,9 @@ def _load(name: str, path: Path):
     return module
 
 
+# SuperLink, SuperNodes and `flwr run` as processes: minutes on a loaded 2-core machine.
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
 L = _load("layout", DEPLOY / "layout.py")
 cluster = _load("deploy_local_cluster", DEPLOY / "local_cluster.py")
 

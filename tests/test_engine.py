@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedgraph_flwr.engine.loop import run_federation
+
 from helpers import round_metrics, simulate
+
 
 def _sim(overrides: dict, num_supernodes: int, mods: list | None = None) -> None:
     from fedgraph_flwr.engine.client_app import make_client_app
@@ -41,9 +43,9 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def test_inprocess_is_deterministic(tmp_path, data_root):
+def test_inprocess_is_deterministic(tmp_path, synthetic_root):
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
-           "data-root": str(data_root), "output-dir": str(tmp_path)}
+           "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
     a = run_federation(dict(cfg, **{"run-name": "a"}))
     b = run_federation(dict(cfg, **{"run-name": "b"}))
     assert _same(round_metrics(a), round_metrics(b))
@@ -53,12 +55,12 @@ def test_inprocess_is_deterministic(tmp_path, data_root):
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl",
                                        "apfl", "fedaux", "fediih", "fedspray"])
-def test_live_trainers_equal_trainers_restored_from_state(tmp_path, data_root, algorithm):
+def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_root, algorithm):
     """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
     rebuilds it from its serialised local state every round (here: client-state=file).
     Equal numbers mean local_state() holds everything a trainer carries across rounds."""
     cfg = {"algorithm": algorithm, "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
-           "local-epochs": 2, "data-root": str(data_root), "output-dir": str(tmp_path)}
+           "local-epochs": 2, "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
     live = run_federation(dict(cfg, **{"run-name": "live"}), write=False)
     restored = run_federation(dict(cfg, **{"run-name": "restored", "client-state": "file",
                                            "client-state-dir": str(tmp_path / "state")}),
@@ -84,9 +86,9 @@ def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
     assert _same(round_metrics(a), round_metrics(b))
 
 
-def test_local_never_uploads_and_differs_from_fedavg(tmp_path, data_root):
+def test_local_never_uploads_and_differs_from_fedavg(tmp_path, synthetic_root):
     cfg = {"dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
-           "data-root": str(data_root), "output-dir": str(tmp_path)}
+           "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
     local = run_federation(dict(cfg, algorithm="local"))
     fedavg = run_federation(dict(cfg, algorithm="fedavg"))
     assert local["final"]["total_bytes_received"] == 0
@@ -97,8 +99,10 @@ def test_local_never_uploads_and_differs_from_fedavg(tmp_path, data_root):
 
 
 @pytest.mark.simulation
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["SBM", "Cora"])
-def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
+def test_flower_simulation_matches_inprocess(tmp_path, request, dataset):
+    data_root = request.getfixturevalue("synthetic_root" if dataset == "SBM" else "data_root")
     cfg = {"algorithm": "fedavg", "dataset": dataset, "num-clients": 3, "rounds": 2,
            "hidden": 16, "data-root": str(data_root), "output-dir": str(tmp_path),
            "run-name": "flower"}
@@ -126,11 +130,12 @@ def test_flower_simulation_matches_inprocess(tmp_path, data_root, dataset):
 
 
 @pytest.mark.simulation
-def test_supernode_count_mismatch_names_the_fix(tmp_path, data_root, capfd):
+@pytest.mark.slow
+def test_supernode_count_mismatch_names_the_fix(tmp_path, synthetic_root, capfd):
     # The default handshake-timeout (600 s, for deployments whose SuperNodes join over
     # minutes): a simulation's SuperNodes are all there at start, so it fails in seconds.
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 4, "rounds": 1,
-           "data-root": str(data_root), "output-dir": str(tmp_path)}
+           "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
     # run_simulation re-raises the ServerApp's error; the one-line fix is on stderr too.
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match="num-supernodes=4"):

@@ -10,9 +10,18 @@ import pytest
 import yaml
 
 from fedgraph_flwr.config import ConfigError, resolve_config
-from fedgraph_flwr.experiments import (best_test_round, collect, expand, load_grid, main,
-                                       run_grid, saved_config, seed_mean_curve_at_best_val, stale_keys,
-                                       write_tables)
+from fedgraph_flwr.experiments import (
+    best_test_round,
+    collect,
+    expand,
+    load_grid,
+    main,
+    run_grid,
+    saved_config,
+    seed_mean_curve_at_best_val,
+    stale_keys,
+    write_tables,
+)
 
 
 def _spec(tmp_path):

@@ -373,11 +373,11 @@ def test_evaluate_reports_the_pooled_counts(num_classes):
     assert 0 <= m["minority_correct"] <= m["minority_count"] <= m["test_count"]
 
 
-def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, data_root):
+def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, synthetic_root):
     from fedgraph_flwr.engine.loop import run_federation
 
     cfg = {"algorithm": "fediih", "dataset": "SBM", "num-clients": 3, "rounds": 2, "hidden": 8,
-           "data-root": str(data_root), "output-dir": str(tmp_path), "run-name": "fediih"}
+           "data-root": str(synthetic_root), "output-dir": str(tmp_path), "run-name": "fediih"}
     final = run_federation(cfg, write=False)["final"]
     assert final["pooled_best_round"] in (1, 2)
     for key in ("pooled_test_at_best_val_loss", "pooled_minority_at_best_val_loss",

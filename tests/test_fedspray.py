@@ -293,8 +293,8 @@ def test_lambda1_zero_is_local_training_exactly(gnn):
                     "fedspray-gnn": gnn, "gnn": gnn})
     spray, spray_trainers = run_rounds(FedSprayTrainer, FedSprayAggregator, clients, cfg, 4)
     local, local_trainers = run_rounds(LocalTrainer, LocalAggregator, clients, cfg, 4)
-    for s, l in zip(spray_trainers, local_trainers):
-        gnn, model = s.gnn.state_dict(), l.model.state_dict()
+    for s, loc in zip(spray_trainers, local_trainers):
+        gnn, model = s.gnn.state_dict(), loc.model.state_dict()
         assert gnn.keys() == model.keys() and all(torch.equal(gnn[k], model[k]) for k in gnn)
     for rs, rl in zip(spray, local):
         for c in rs:

@@ -9,8 +9,8 @@ import pytest
 from fedgraph_flwr.config import ConfigError
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.partition import main as partition_main
-from helpers import round_metrics
 
+from helpers import round_metrics
 
 
 @pytest.mark.parametrize("fmt", ["npz", "pt"])

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedgraph_flwr.engine.loop import run_federation
+
 from helpers import simulate
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -34,12 +35,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", record.ALGORITHMS)
 def test_in_process_equals_golden(tmp_path, data_root, algorithm, one_thread):
     results = run_federation(record.config(algorithm, str(data_root), str(tmp_path)), write=False)
     assert record.figures(results) == GOLDEN[algorithm]
 
 
+@pytest.mark.simulation
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", record.ALGORITHMS)
 def test_flower_simulation_equals_golden(tmp_path, data_root, algorithm):
     from fedgraph_flwr.engine.client_app import make_client_app

@@ -21,13 +21,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import round_metrics, simulate
 
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import ERROR_TRAIN, make_client_app
 from fedgraph_flwr.engine.records import SIG, from_array_record, to_array_record
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
+
+from helpers import round_metrics, simulate
+
+# Every test here runs Flower simulations (directly or through the failing_run fixture).
+pytestmark = [pytest.mark.simulation, pytest.mark.slow]
 
 FAIL_CLIENT, FAIL_ROUND, ROUNDS = 1, 2, 3
 
@@ -96,9 +100,9 @@ def _simulate(overrides: dict, mods: list) -> None:
     simulate(make_server_app(overrides), make_client_app(mods=mods), num_supernodes=3)
 
 
-def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
+def _config(synthetic_root: Path, out: Path, run_name: str, **extra) -> dict:
     cfg = {"algorithm": "fedaux", "dataset": "SBM", "num-clients": 3, "rounds": ROUNDS,
-           "hidden": 16, "data-root": str(data_root), "output-dir": str(out),
+           "hidden": 16, "data-root": str(synthetic_root), "output-dir": str(out),
            "run-name": run_name, "fail-fast": False}
     cfg.update(extra)
     return cfg
@@ -106,12 +110,12 @@ def _config(data_root: Path, out: Path, run_name: str, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def failing_run(tmp_path_factory, data_root):
+def failing_run(tmp_path_factory, synthetic_root):
     """The federation with client 1 failing in round 2, fail-fast=false, context state."""
     out = tmp_path_factory.mktemp("ops")
     log = out / "measured"
     log.mkdir()
-    _simulate(_config(data_root, out, "ctx"),
+    _simulate(_config(synthetic_root, out, "ctx"),
               [measure_mod(str(log)), wrong_shape_mod(FAIL_CLIENT, FAIL_ROUND)])
     results = json.loads((out / "ctx" / "results.json").read_text())
     measured = [json.loads(p.read_text()) for p in sorted(log.iterdir())]
@@ -138,8 +142,8 @@ def test_failed_client_is_reported_in_its_round_and_the_run_goes_on(failing_run)
     assert sum(s == "ok" for s in status.values()) == 3 * ROUNDS - 1
 
 
-def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, data_root, capfd):
-    cfg = _config(data_root, tmp_path, "ff", **{"fail-fast": True})
+def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, synthetic_root, capfd):
+    cfg = _config(synthetic_root, tmp_path, "ff", **{"fail-fast": True})
     expected = (f"fail-fast: client {FAIL_CLIENT} failed in round {FAIL_ROUND} with error "
                 f"{ERROR_TRAIN}: RuntimeError: ")
     with pytest.raises(RuntimeError, match=expected):
@@ -156,8 +160,8 @@ def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, data
     assert state_codec.decode((tmp_path / "ff" / "checkpoint.pt").read_bytes())["round"] == 1
 
 
-def test_fail_fast_stops_at_a_client_that_misses_the_round_timeout(tmp_path, data_root):
-    cfg = _config(data_root, tmp_path, "ff-slow", **{"fail-fast": True, "round-timeout": 2.0})
+def test_fail_fast_stops_at_a_client_that_misses_the_round_timeout(tmp_path, synthetic_root):
+    cfg = _config(synthetic_root, tmp_path, "ff-slow", **{"fail-fast": True, "round-timeout": 2.0})
     expected = (f"fail-fast: client {FAIL_CLIENT} sent no reply in round {FAIL_ROUND} "
                 "within round-timeout=2.0 s")
     with pytest.raises(RuntimeError, match=expected):
@@ -236,10 +240,10 @@ def test_times_per_round_and_client_with_totals_and_a_plot(failing_run):
     assert width > 600 and height > 250
 
 
-def test_file_client_state_gives_the_same_metrics_as_context_state(failing_run, tmp_path, data_root):
+def test_file_client_state_gives_the_same_metrics_as_context_state(failing_run, tmp_path, synthetic_root):
     """client-state=file (the same failure in round 2 included) == client-state=context."""
     state_dir = tmp_path / "state"
-    _simulate(_config(data_root, tmp_path, "file", **{"client-state": "file",
+    _simulate(_config(synthetic_root, tmp_path, "file", **{"client-state": "file",
                                                        "client-state-dir": str(state_dir)}),
               [wrong_shape_mod(FAIL_CLIENT, FAIL_ROUND)])
     results = json.loads((tmp_path / "file" / "results.json").read_text())

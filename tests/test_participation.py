@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 
-from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.algorithms.base import TRAIN_PHASE
+from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
 from fedgraph_flwr.engine.loop import run_federation
 
 from helpers import round_metrics
-from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 
 
 @pytest.mark.parametrize("algorithm", ["fedaux", "fediih"])

@@ -10,12 +10,13 @@ import pytest
 
 from fedgraph_flwr.algorithms.base import TRAIN_PHASE, Phase, check_phases
 from fedgraph_flwr.engine.loop import run_federation
+
 from helpers import round_metrics, simulate
 
 
-def _config(data_root, out, run_name: str, **extra) -> dict:
+def _config(synthetic_root, out, run_name: str, **extra) -> dict:
     return {"algorithm": "phase-demo", "dataset": "SBM", "num-clients": 3, "rounds": 3,
-            "hidden": 16, "data-root": str(data_root), "output-dir": str(out),
+            "hidden": 16, "data-root": str(synthetic_root), "output-dir": str(out),
             "run-name": run_name, **extra}
 
 
@@ -28,8 +29,8 @@ def _phase_record(results: dict) -> tuple:
             [r["bytes_received"] for r in results["rounds"]])
 
 
-def test_phase_demo_runs_every_phase_in_process(tmp_path, data_root):
-    results = run_federation(_config(data_root, tmp_path, "inproc"), write=False)
+def test_phase_demo_runs_every_phase_in_process(tmp_path, synthetic_root):
+    results = run_federation(_config(synthetic_root, tmp_path, "inproc"), write=False)
     pre = results["precompute"]["label_counts"]
     assert pre["metrics"]["train_nodes"] == sum(c["num-train"] for c in results["clients"].values())
     assert not pre["failures"]
@@ -41,22 +42,23 @@ def test_phase_demo_runs_every_phase_in_process(tmp_path, data_root):
     assert all(first["bytes_received"][c] == first["bytes_sent"][c] // 2 for c in first["bytes_sent"])
 
 
-def test_phase_demo_state_files_equal_live_trainers(tmp_path, data_root):
-    live = run_federation(_config(data_root, tmp_path, "live"), write=False)
-    files = run_federation(_config(data_root, tmp_path, "files", **{
+def test_phase_demo_state_files_equal_live_trainers(tmp_path, synthetic_root):
+    live = run_federation(_config(synthetic_root, tmp_path, "live"), write=False)
+    files = run_federation(_config(synthetic_root, tmp_path, "files", **{
         "client-state": "file", "client-state-dir": str(tmp_path / "state")}), write=False)
     assert round_metrics(live) == round_metrics(files)
     assert _phase_record(live) == _phase_record(files)
 
 
 @pytest.mark.simulation
-def test_phase_demo_in_flower_simulation_equals_in_process(tmp_path, data_root):
+@pytest.mark.slow
+def test_phase_demo_in_flower_simulation_equals_in_process(tmp_path, synthetic_root):
     from fedgraph_flwr.engine.client_app import make_client_app
     from fedgraph_flwr.engine.server_app import make_server_app
 
-    simulate(make_server_app(_config(data_root, tmp_path, "flower")), make_client_app(), 3)
+    simulate(make_server_app(_config(synthetic_root, tmp_path, "flower")), make_client_app(), 3)
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
-    inproc = run_federation(_config(data_root, tmp_path, "inproc"))
+    inproc = run_federation(_config(synthetic_root, tmp_path, "inproc"))
     assert round_metrics(flower) == round_metrics(inproc)
     assert _phase_record(flower) == _phase_record(inproc)
     assert flower["final"]["test_at_best_val"] == inproc["final"]["test_at_best_val"]

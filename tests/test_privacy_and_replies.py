@@ -12,6 +12,7 @@ from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
+
 from helpers import contract_metrics
 
 NUM_FEATURES, NUM_CLASSES = 12, 3
@@ -109,8 +110,8 @@ def test_min_clients_makes_a_short_round_void(tmp_path):
     fed = _federation(tmp_path)
     fed.config["min-clients"] = 2
     good = {k: np.full_like(v, 1.0) for k, v in fed.initial.items()}
-    record = fed.complete_round(1, [0, 1, 2], {0: ClientReply(good, {}, contract_metrics(**{"num-train": 10.0}))},
-                                {1: "missing", 2: "missing"}, {})
+    reply = ClientReply(good, {}, contract_metrics(**{"num-train": 10.0}))
+    record = fed.complete_round(1, [0, 1, 2], {0: reply}, {1: "missing", 2: "missing"}, {})
     assert record.void and fed.payloads == {}
 
 

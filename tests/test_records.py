@@ -7,7 +7,12 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from fedgraph_flwr.engine.records import (
-    PACKED, array_to_bytes, bytes_to_array, from_array_record, pack_arrays, to_array_record,
+    PACKED,
+    array_to_bytes,
+    bytes_to_array,
+    from_array_record,
+    pack_arrays,
+    to_array_record,
     unpack_arrays,
 )
 

@@ -14,15 +14,16 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import round_metrics, simulate
 
 from fedgraph_flwr.config import ConfigError
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import make_client_app
+from fedgraph_flwr.engine.driver import RoundDriver
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.engine.server_app import make_server_app
-from fedgraph_flwr.engine.driver import RoundDriver
+
+from helpers import round_metrics, simulate
 
 ROUNDS, CRASH_ROUND = 4, 3
 
@@ -60,16 +61,18 @@ def _read(out: Path, run_name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, data_root) -> dict:
+def uninterrupted(tmp_path_factory, synthetic_root) -> dict:
     """FedAux, 3 clients, 4 rounds, one Flower simulation, client-state=file."""
     out = tmp_path_factory.mktemp("resume")
-    _simulate(_config(data_root, out, "full"))
+    _simulate(_config(synthetic_root, out, "full"))
     return _read(out, "full")
 
 
-def test_flower_resume_after_server_crash_matches_uninterrupted(uninterrupted, tmp_path, data_root,
-                                                               capfd):
-    cfg = _config(data_root, tmp_path, "crashed")
+@pytest.mark.simulation
+@pytest.mark.slow
+def test_flower_resume_after_server_crash_matches_uninterrupted(uninterrupted, tmp_path,
+                                                               synthetic_root, capfd):
+    cfg = _config(synthetic_root, tmp_path, "crashed")
     with pytest.raises(RuntimeError, match=f"ServerApp killed in round {CRASH_ROUND}"):
         _simulate(cfg, ServerDiesInRound)
     checkpoint = state_codec.decode((tmp_path / "crashed" / "checkpoint.pt").read_bytes())

@@ -66,7 +66,7 @@ def load_or_make_ca(out: Path, days: int) -> tuple[x509.Certificate, ec.Elliptic
         raise SystemExit(f"{out}: found only one of ca.crt/ca.key; remove it or restore the other")
     ca_key = ec.generate_private_key(ec.SECP384R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedgraph-flwr deployment CA")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name).issuer_name(name)
@@ -95,7 +95,7 @@ def make_server_cert(out: Path, name: str, hosts: list[str], days: int) -> Path:
         if host and host not in sans:
             sans.append(host)
     key = ec.generate_private_key(ec.SECP384R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sans[0])]))

@@ -213,7 +213,8 @@ class Aggregator(ABC):
         """A non-train phase's request to each of ``clients`` (default: nothing)."""
         return {c: {} for c in clients}
 
-    def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult | None:
+    def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]
+             ) -> AggregateResult | None:
         """A non-train phase's server step over its valid replies; keep what the next
         phase needs in ``self`` (and in :meth:`state_dict`). Metrics and diagnostics of
         the result are recorded with the round; its payloads are ignored."""
@@ -228,5 +229,5 @@ class Aggregator(ABC):
         """Server-side state beyond the payloads, for checkpoint/resume."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore :meth:`state_dict`."""

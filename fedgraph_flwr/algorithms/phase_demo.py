@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply, TRAIN_PHASE
+from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import GCNTrainer
 from .options import Options
 

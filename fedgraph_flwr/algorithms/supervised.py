@@ -21,7 +21,6 @@ from torch_geometric.data import Data
 from ..metrics import pooled_counts, score
 from .base import Arrays, ClientTrainer, Config
 
-
 # Set while a trainer is built only to receive a saved state (restore_trainer): its
 # model's random initial values would be overwritten at once, so trainers that allow it
 # allocate the model uninitialised instead.

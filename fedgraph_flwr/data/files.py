@@ -236,7 +236,8 @@ def client_stats(data: Data, client: int, num_classes: int | None = None) -> dic
     }
 
 
-def save_subgraph_file(data: Data, path: str | Path, fmt: str = "npz", include_global_id: bool = False) -> None:
+def save_subgraph_file(data: Data, path: str | Path, fmt: str = "npz",
+                       include_global_id: bool = False) -> None:
     """Write one client file (``npz``: np.savez; ``pt``: torch.save of a plain dict)."""
     arrays = subgraph_arrays(data, include_global_id)
     path = Path(path)

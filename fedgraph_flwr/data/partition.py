@@ -53,7 +53,16 @@ from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
 from . import files, noniid
-from .datasets import canonical_name, default_data_root, get_spec, load_dataset, num_classes_of, user_cache_dir
+from .datasets import (
+    _not_available,
+    canonical_name,
+    default_data_root,
+    get_spec,
+    load_dataset,
+    missing_raw_files,
+    num_classes_of,
+    user_cache_dir,
+)
 from .splits import per_client_split, random_split, split_ratios
 
 MODES = ("metis", "metis-overlapping", "louvain", "blocks")
@@ -480,6 +489,22 @@ def ensure_diagnostics(config: Mapping[str, Any], folder: Path | None = None) ->
         except OSError:
             tmp.unlink(missing_ok=True)
     return manifest
+
+
+def unavailable_dataset(config: Mapping[str, Any]) -> str | None:
+    """Why :func:`load_client` would fail for want of the dataset's raw files (the
+    one-line message it would raise), or None: a synthetic dataset, the raw files under
+    the data root, or a complete cached build of the partition. Reads only; cheap."""
+    key = cache_key(config)
+    spec = get_spec(key["dataset"])
+    if spec.family == "synthetic":
+        return None
+    root = _config_root(config)
+    for folder in (root / "partitions", user_cache_dir() / "partitions"):
+        if _is_valid(folder / cache_name(key), key, verify=False):
+            return None
+    missing = missing_raw_files(spec.name, root)
+    return str(_not_available(spec, root, missing)) if missing else None
 
 
 def load_client(config: Mapping[str, Any], partition_id: int) -> Data:

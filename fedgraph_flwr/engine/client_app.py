@@ -26,19 +26,28 @@ from flwr.clientapp import ClientApp
 from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
 from . import client_runtime as rt
-from .records import (array_to_bytes, bytes_to_array, from_array_record, to_array_record,
-                      to_metric_record)
+from .records import array_to_bytes, bytes_to_array, from_array_record, to_array_record, to_metric_record
 
 ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
 ERROR_TRAIN = 4002  # the trainer raised
+ERROR_DATA_ROOT = 4003  # the dataset is not under the client's data root (rt.DataRootError)
 STATE_KEY = "fedgraph-state"
 
 
 def _error_reply(message: Message, code: int, exc: BaseException) -> Message:
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    # The data owner sees it in this machine's log too, not only the server.
-    print(f"fedgraph-flwr client error {code}: {reason}", file=sys.stderr, flush=True)
+    # The data owner sees it in this machine's log too, not only the server. A
+    # simulation's ClientApps all log into the run's one log, where the server reports
+    # the failure once for all clients: said there, not once per client.
+    if code == ERROR_TRAIN or not rt.in_ray_worker():
+        print(f"fedgraph-flwr client error {code}: {reason}", file=sys.stderr, flush=True)
     return Message(Error(code=code, reason=reason), reply_to=message)
+
+
+def _data_error_reply(message: Message, exc: BaseException) -> Message:
+    """The reply to an expected data problem: one line, no traceback."""
+    code = ERROR_DATA_ROOT if isinstance(exc, rt.DataRootError) else ERROR_DATA
+    return _error_reply(message, code, exc)
 
 
 def _config(message: Message) -> dict[str, Any]:
@@ -76,8 +85,9 @@ def handshake(message: Message, context: Context) -> Message:
     try:
         _, identity, data, num_classes = _identity_and_data(message, context)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
-        return _error_reply(message, ERROR_DATA, exc)
+        return _data_error_reply(message, exc)
     info = rt.describe(data, num_classes, identity, rt.pick_device())
+    info.update(rt.ray_resources())
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 
 
@@ -97,7 +107,7 @@ def train(message: Message, context: Context) -> Message:
     try:
         config, identity, data, _ = _identity_and_data(message, context)
     except Exception as exc:  # noqa: BLE001
-        return _error_reply(message, ERROR_DATA, exc)
+        return _data_error_reply(message, exc)
     try:
         phase = _phase_of(message, config)
         arrays = from_array_record(message.content["arrays"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from torch_geometric.data import Data
 from ..algorithms import get_algorithm
 from ..algorithms.base import TRAIN, Arrays, Config, Phase
 from ..algorithms.supervised import state_follows
-from ..config import data_root
+from ..config import data_root, data_root_source
 from . import state_codec
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
@@ -31,6 +32,11 @@ _DATA_CACHE: dict[tuple, tuple[Data, int]] = {}
 
 class ClientDataError(RuntimeError):
     """The client cannot find or use its subgraph (a one-line reason)."""
+
+
+class DataRootError(ClientDataError):
+    """The dataset's raw files are not under the data root this client resolved: a
+    setting of the run or of the client's environment, the same on every client."""
 
 
 @dataclass
@@ -82,6 +88,7 @@ def identify(node_config: dict[str, Any], config: Config) -> ClientIdentity:
 def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, int]:
     """The client's subgraph and the label-space size it knows of."""
     from ..data import files, partition  # heavy imports only when a client needs data
+    from ..data.datasets import DatasetNotAvailable
 
     key: tuple
     if identity.source == "cache":
@@ -106,11 +113,32 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
             data = partition.load_client(cfg, identity.partition_id)
         else:
             data = files.load_subgraph_file(p)
+    except DatasetNotAvailable as exc:
+        raise DataRootError(_data_root_reason(str(exc) or repr(exc), config)) from exc
     except (OSError, ValueError, RuntimeError) as exc:
         raise ClientDataError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
     num_classes = int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
     _DATA_CACHE[key] = (data, num_classes)
     return data, num_classes
+
+
+def _data_root_reason(message: str, config: Config) -> str:
+    """Where the dataset's files are missing and where that root came from; the server
+    adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
+    first = message.splitlines()[0].split("; downloads are not attempted")[0]
+    return f"{first} ({data_root_source(config)})"
+
+
+def missing_dataset(config: Config) -> str | None:
+    """The :class:`DataRootError` every client of this run would raise here, without
+    loading anything (this process's data root and files), or None. The ServerApp of a
+    simulation asks it before the handshake: its ClientApps share its environment."""
+    if config["partition"] == "files":
+        return None
+    from ..data import partition
+
+    why = partition.unavailable_dataset(dict(config, **{"data-root": str(data_root(config))}))
+    return None if why is None else f"DataRootError: {_data_root_reason(why, config)}"
 
 
 def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:
@@ -135,6 +163,41 @@ def describe(data: Data, num_classes: int, identity: ClientIdentity, device: tor
         "num-classes": int(num_classes),
         "device": str(device),
     }
+
+
+def in_ray_worker() -> bool:
+    """True inside a Ray worker (a simulated ClientApp); ray is never imported here."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray.is_initialized()
+    except Exception:  # noqa: BLE001 - a half-imported or odd ray: not a simulation
+        return False
+
+
+def ray_resources() -> dict[str, Any]:
+    """What Ray gave this simulated ClientApp: ``ray-cpus`` (its CPUs), ``ray-cpus-total``
+    (the simulation's) and ``ray-actor`` (its actor's id); empty outside Ray.
+
+    Flower runs each ClientApp in an actor reserving ``client-resources-num-cpus``
+    (default 2) and keeps ``total // that`` actors: the server reads from these how
+    many clients run at once (:func:`.flower_transport.serialised_note`).
+    """
+    if not in_ray_worker():
+        return {}
+    ray = sys.modules["ray"]
+    out: dict[str, Any] = {}
+    try:
+        ctx = ray.get_runtime_context()
+        out["ray-actor"] = str(ctx.get_actor_id() or "")
+        cpus = ctx.get_assigned_resources().get("CPU")
+        if cpus:
+            out["ray-cpus"] = float(cpus)
+        total = ray.cluster_resources().get("CPU")
+        if total:
+            out["ray-cpus-total"] = float(total)
+    except Exception:  # noqa: BLE001 - a diagnostic only: never fail the handshake for it
+        pass
+    return out
 
 
 def pick_device() -> torch.device:

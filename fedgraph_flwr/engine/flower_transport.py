@@ -10,6 +10,7 @@ Only Flower's public API is used here (``flwr.app``, ``flwr.serverapp``).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -18,10 +19,16 @@ from flwr.serverapp import Grid
 
 from ..algorithms.base import Arrays, Config, Phase
 from ..config import client_config as client_view
+from .client_app import ERROR_DATA_ROOT
+from .client_runtime import missing_dataset
 from .driver import RunAborted
 from .federation import ClientReply, nbytes
 from .records import (
-    from_array_record, from_metric_record, signature_floats, to_array_record, to_config_record,
+    from_array_record,
+    from_metric_record,
+    signature_floats,
+    to_array_record,
+    to_config_record,
 )
 from .transport import Exchange, Transport
 
@@ -38,6 +45,59 @@ def is_simulation(grid: Grid) -> bool:
     """Flower's simulation hands the ServerApp its in-memory grid. Told apart by the
     class's name, so that no private Flower module is imported to ask."""
     return type(grid).__name__ == "InMemoryGrid"
+
+
+def _collapse(reason: str, nodes: list[int], total: int) -> str:
+    """One line for every node that failed with the same reason."""
+    if len(nodes) == 1:
+        return f"node {nodes[0]}: {reason}"
+    if len(nodes) == total:
+        return f"all {total} clients: {reason}"
+    shown = ", ".join(str(n) for n in sorted(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
+    return f"{len(nodes)} of {total} clients (nodes {shown}): {reason}"
+
+
+def data_root_hint(config: Config, simulated: bool) -> str:
+    """What to do when the clients did not find the dataset under their data root."""
+    if config.get("data-root"):
+        return ""  # an explicit data-root: the clients' reason names it
+    fix = "--run-config \"data-root='/path/to/datasets'\""
+    if not simulated:
+        return (f". Each SuperNode looks in its own FEDGRAPH_DATA_ROOT (set before it starts), "
+                f"else ~/.cache/fedgraph-flwr. Fix: flwr run . {fix}, or start the SuperNodes "
+                f"with FEDGRAPH_DATA_ROOT set")
+    if os.environ.get("FEDGRAPH_DATA_ROOT"):
+        return ""  # the clients saw the variable (the reason says where they looked)
+    return (f". A local simulation runs with the environment the local SuperLink had when it "
+            f"started: a FEDGRAPH_DATA_ROOT exported since is not seen. Fix: flwr run . {fix} "
+            f"(fedgraph-run passes $FEDGRAPH_DATA_ROOT on by itself), or restart the local "
+            f"SuperLink with the variable set: pkill -f flower-superlink; "
+            f"export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .")
+
+
+def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | None:
+    """One line when a simulation runs its ClientApps one after another although the
+    machine has CPUs for more; None otherwise (a deployment, or nothing to gain).
+
+    ``resources`` are the ``ray-*`` facts of the clients' handshakes
+    (:func:`.client_runtime.ray_resources`). Flower keeps ``total // per-client CPUs``
+    ClientApp actors (2 CPUs each unless ``client-resources-num-cpus`` says otherwise),
+    so on a 2-core machine the default runs one client at a time.
+    """
+    cpus = [r["ray-cpus"] for r in resources if r.get("ray-cpus")]
+    totals = [r["ray-cpus-total"] for r in resources if r.get("ray-cpus-total")]
+    actors = {r["ray-actor"] for r in resources if r.get("ray-actor")}
+    if num_clients < 2 or not cpus or not totals or len(actors) > 1:
+        return None  # not a simulation, one client, or the clients ran in several actors
+    per_client, total = max(cpus), max(totals)
+    if total // per_client > 1 or total < 2:
+        return None  # in parallel already, or a single CPU: nothing to gain
+    fix = int(max(1, total // min(num_clients, total)))
+    return (f"fedgraph-flwr: note: the simulation runs its {num_clients} ClientApps one after "
+            f"another (Flower gives each {per_client:g} of the {total:g} CPUs); to run them in "
+            f"parallel: flwr run . --federation-config \"client-resources-num-cpus={fix}\" "
+            f"(or once: flwr federation simulation-config @none/default local "
+            f"--client-resources-num-cpus {fix})")
 
 
 class FlowerTransport(Transport):
@@ -83,31 +143,59 @@ class FlowerTransport(Transport):
         return nodes
 
     def connect(self, config: Config) -> dict[int, dict[str, Any]]:
-        """Ask each node who it is; every client loads and validates its subgraph here."""
+        """Ask each node who it is; every client loads and validates its subgraph here.
+
+        Sent as soon as the nodes are there. Failures are collapsed: one line per
+        distinct reason (``all 10 clients: ...``), then what fixes a data root that
+        did not reach the clients. A simulation that runs its ClientApps one at a time
+        says so once (:func:`serialised_note`).
+        """
         nodes = self.wait_for_nodes(config)
+        simulated = is_simulation(self.grid)
+        if simulated:
+            # A simulation's ClientApps run with this process's environment and files: a
+            # dataset missing here is missing for all of them, said now rather than after
+            # Ray has started them all.
+            reason = missing_dataset(config)
+            if reason:
+                raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
+                                 f"{reason}{data_root_hint(config, simulated)}")
         record = to_config_record(client_view(config))
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
                     for node in nodes]
         replies, missing = self.push_and_pull(messages, float(config["handshake-timeout"]))
         roster: dict[int, dict[str, Any]] = {}
-        problems = []
+        failed: dict[str, list[int]] = {}  # reason -> nodes
+        codes: set[int] = set()
+        resources: list[dict[str, Any]] = []
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                problems.append(f"node {node}: {reply.error.reason}")
+                failed.setdefault(reply.error.reason, []).append(node)
+                codes.add(int(reply.error.code))
                 continue
             info = dict(reply.content["info"])
+            # Ray's resources are a diagnostic of this transport, not a fact of the client.
+            resources.append({k: info.pop(k) for k in list(info) if k.startswith("ray-")})
             cid = int(info["partition-id"])
             if cid in roster:
-                problems.append(f"node {node}: partition-id {cid} is already taken by another node")
+                failed.setdefault(f"partition-id {cid} is already taken by another node",
+                                  []).append(node)
                 continue
             roster[cid] = info
             self.node_of[cid] = node
             self.client_of[node] = cid
+        # The most common reason first, then by node: the same failures read the same way.
+        problems = [_collapse(reason, found, len(nodes)) for reason, found in
+                    sorted(failed.items(), key=lambda item: (-len(item[1]), min(item[1])))]
         if missing:
             problems.append(f"{len(missing)} node(s) did not answer the handshake in time")
         if problems:
-            raise RunAborted("handshake failed: " + "; ".join(problems))
+            hint = data_root_hint(config, simulated) if ERROR_DATA_ROOT in codes else ""
+            raise RunAborted("handshake failed: " + "; ".join(problems) + hint)
+        note = serialised_note(resources, int(config["num-clients"]))
+        if note:
+            self.log(note)
         return roster
 
     def refresh(self, config: Config) -> None:

@@ -37,7 +37,7 @@ class Transport(ABC):
         """Wait for the federation's clients and return each one's handshake facts
         (:func:`~.client_runtime.describe`), keyed by logical client id."""
 
-    def refresh(self, config: Config) -> None:
+    def refresh(self, config: Config) -> None:  # noqa: B027 - optional hook, no-op by default
         """Between rounds: take in clients that (re)joined since the handshake."""
 
     @abstractmethod

@@ -2,8 +2,8 @@
 
     python tests/golden/record.py --data-root <root holding Cora/raw>
 
-writes ``tests/golden/cora10.json``. One torch thread, as a simulated ClientApp has: the in-process and the simulated
-figures are then the same bits. Run it only to *change* the golden figures on
+writes ``tests/golden/cora10.json``. One torch thread, as a simulated ClientApp has: the
+in-process and the simulated figures are then the same bits. Run it only to *change* the golden figures on
 purpose (an algorithm's numbers moved for a reason stated in the commit); a refactor
 must leave them bit for bit (``tests/test_golden.py``).
 """

@@ -1,0 +1,199 @@
+"""``fedgraph-run``: ``flwr run ... --stream`` with an exit status a script can test.
+
+``flwr run --stream`` (Flower 1.41) exits 0 whether the run completed or failed (a
+failed handshake, a ServerApp that raised or was killed). This command runs it with
+the same arguments, passes its output through, then asks the SuperLink for the run's
+final status (``flwr ls --run-id <id> --format json``) and exits with
+
+- 0: the run finished and completed;
+- 1: it failed or was stopped (its status and details are printed last);
+- ``flwr run``'s own status when that is not 0 (e.g. no SuperLink, a bad argument);
+- 2: the run's outcome is unknown (no run id in the output, no status from the SuperLink).
+
+With a local SuperLink (the default ``local`` connection) ``FEDGRAPH_DATA_ROOT`` of
+this shell is passed on as ``--run-config data-root=...`` unless the arguments set
+``data-root``: the local SuperLink runs the apps with the environment it had when it
+started, which a variable exported since never reaches.
+
+Usage: ``fedgraph-run . --run-config "rounds=5"`` (any ``flwr run`` arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+#: ``flwr run`` options that take a value (the rest of the tokens are flags or positionals).
+VALUE_OPTIONS = {"--federation", "--run-config", "-c", "--federation-config", "--format"}
+RUN_ID = re.compile(r"Successfully started run (\d+)|\"run-id\":\s*\"?(\d+)")
+#: Seconds to wait, after the log stream ends, for the SuperLink to record the outcome.
+STATUS_WAIT_S = 30.0
+LOCAL_ADDRESSES = (":local:", ":local-in-memory:")
+ERROR_LINE = "fedgraph-flwr: error: "  # what server_app.py prints before it stops a run
+
+
+def _flwr() -> list[str]:
+    exe = shutil.which("flwr")
+    return [exe] if exe else [sys.executable, "-c", "from flwr.cli.app import app; app()"]
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``flwr run``'s positionals (app, superlink) and option values by option."""
+    positionals: list[str] = []
+    options: dict[str, list[str]] = {}
+    it = iter(args)
+    for token in it:
+        name, eq, value = token.partition("=")
+        if token.startswith("-") and eq and name in VALUE_OPTIONS:
+            options.setdefault(name, []).append(value)
+        elif token in VALUE_OPTIONS:
+            options.setdefault(token, []).append(next(it, ""))
+        elif token.startswith("-"):
+            options.setdefault(token, [])
+        else:
+            positionals.append(token)
+    return positionals, options
+
+
+def sets_data_root(options: dict[str, list[str]]) -> bool:
+    """Whether a ``--run-config`` value (inline or a TOML file) sets ``data-root``."""
+    for value in options.get("--run-config", []) + options.get("-c", []):
+        text = value
+        path = Path(value).expanduser()
+        if "=" not in value and path.is_file():
+            text = path.read_text(errors="replace")
+        if re.search(r"(^|\s)[\"']?data-root[\"']?\s*=", text):
+            return True
+    return False
+
+
+def is_local_superlink(name: str | None) -> bool:
+    """Whether the SuperLink connection ``name`` (the default when None) is Flower's
+    local one, which the CLI starts on this machine."""
+    try:
+        from flwr.cli.flower_config import read_superlink_connection
+    except ImportError:
+        return False
+    try:
+        return read_superlink_connection(name).address in LOCAL_ADDRESSES
+    except Exception:  # noqa: BLE001 - no Flower config yet, or another layout: leave it
+        return name in (None, "local")
+
+
+def with_data_root(args: list[str], env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """``args`` plus ``--run-config data-root=...`` from ``FEDGRAPH_DATA_ROOT`` where it
+    applies (a local SuperLink, data-root not set), and the note saying so (or "")."""
+    root = (env if env is not None else os.environ).get("FEDGRAPH_DATA_ROOT", "")
+    if not root:
+        return args, ""
+    positionals, options = split_args(args)
+    if sets_data_root(options):
+        return args, ""
+    if not is_local_superlink(positionals[1] if len(positionals) > 1 else None):
+        return args, ""
+    path = str(Path(root).expanduser().resolve())
+    note = (f"fedgraph-run: FEDGRAPH_DATA_ROOT passed on as --run-config data-root={path} "
+            f"(the local SuperLink keeps the environment it started with)")
+    return [*args, "--run-config", f"data-root={json.dumps(path)}"], note
+
+
+def run_status(run_id: int, superlink: str | None,
+               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run
+               ) -> tuple[str, str] | None:
+    """The run's ``(status, details)`` from ``flwr ls``, e.g. ``("finished:failed", "...")``;
+    None when the SuperLink does not tell."""
+    cmd = [*_flwr(), "ls", *([superlink] if superlink else []), "--run-id", str(run_id),
+           "--format", "json"]
+    try:
+        out = runner(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    try:
+        payload = json.loads(text[text.find("{"):]) if "{" in text else {}
+    except json.JSONDecodeError:
+        return None
+    for run in payload.get("runs", []):
+        if str(run.get("run-id")) == str(run_id):
+            return str(run.get("status", "")), str(run.get("status-details", ""))
+    return None
+
+
+def final_status(run_id: int, superlink: str | None, wait_s: float = STATUS_WAIT_S,
+                 status: Callable[[int, str | None], tuple[str, str] | None] = run_status
+                 ) -> tuple[str, str] | None:
+    """The run's status once it is ``finished:*`` (the stream can end a moment before
+    the SuperLink records it); the last one seen after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    seen = status(run_id, superlink)
+    while (seen is None or not seen[0].startswith("finished")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        seen = status(run_id, superlink) or seen
+    return seen
+
+
+def exit_code(status: tuple[str, str] | None) -> int:
+    """0 completed, 1 failed or stopped, 2 unknown (no status, or not finished)."""
+    if status is None or not status[0].startswith("finished"):
+        return 2
+    return 0 if status[0] == "finished:completed" else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if "--stream" not in args:
+        args.append("--stream")
+    args, note = with_data_root(args)
+    if note:
+        print(note, flush=True)
+    positionals, _ = split_args(args)
+    superlink = positionals[1] if len(positionals) > 1 else None
+    proc = subprocess.Popen([*_flwr(), "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    run_id = None
+    said = False  # the ServerApp's own one-line error went by
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            said |= line.startswith(ERROR_LINE)
+            match = RUN_ID.search(line) if run_id is None else None
+            if match:
+                run_id = int(match[1] or match[2])
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()
+        if run_id is not None:
+            print(f"fedgraph-run: stopped following run {run_id}; it goes on "
+                  f"(flwr stop {run_id} ends it)", file=sys.stderr)
+        return 130
+    if rc != 0:
+        return rc
+    if run_id is None:
+        print("fedgraph-run: flwr run printed no run id: outcome unknown", file=sys.stderr)
+        return 2
+    status = final_status(run_id, superlink)
+    code = exit_code(status)
+    if code == 2:
+        shown = status[0] if status else "no status from the SuperLink"
+        print(f"fedgraph-run: run {run_id}: outcome unknown ({shown})", file=sys.stderr)
+    elif code == 1:
+        assert status is not None
+        details = " (the reason is above)" if said else (f": {status[1]}" if status[1] else "")
+        print(f"fedgraph-run: run {run_id} {status[0]}{details}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
