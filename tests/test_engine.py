@@ -54,7 +54,7 @@ def test_inprocess_is_deterministic(tmp_path, synthetic_root):
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl",
-                                       "apfl", "fedaux", "fediih", "fedspray"])
+                                       "apfl", "fedaux", "fediih", "fedspray", "fedgta", "fedstar"])
 def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_root, algorithm):
     """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
     rebuilds it from its serialised local state every round (here: client-state=file).

@@ -1,6 +1,7 @@
 """Algorithms: each a client trainer plus a server aggregator, registered by name."""
 
-from . import apfl, fedaux, fedavg, fediih, fedper, fedprox, fedpub, fedspray, gcfl, local, phase_demo
+from . import (apfl, fedaux, fedavg, fedgta, fediih, fedper, fedprox, fedpub, fedspray, fedstar, gcfl,
+               local, phase_demo)
 from .options import ConfigError, Options, option
 from .registry import ALGORITHMS, Algorithm, get_algorithm, register
 
@@ -16,6 +17,8 @@ register("gcfl", gcfl.GCFLTrainer, gcfl.GCFLAggregator, gcfl.GCFLOptions)
 register("apfl", apfl.APFLTrainer, apfl.APFLAggregator, apfl.APFLOptions)
 register("fediih", fediih.FedIIHTrainer, fediih.FedIIHAggregator, fediih.FedIIHOptions)
 register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, fedspray.FedSprayOptions)
+register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
+register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
