@@ -29,6 +29,7 @@ from fedgraph_flwr.algorithms.fedgta import (
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gamlp import GAMLP, normalized_adjacency, propagate_hops
+
 from helpers import round_metrics, simulate
 
 CPU = torch.device("cpu")

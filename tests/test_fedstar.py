@@ -23,6 +23,7 @@ from fedgraph_flwr.nn.fedstar_net import (
     random_walk_encoding,
     structure_encoding,
 )
+
 from helpers import round_metrics, simulate
 
 CPU = torch.device("cpu")

@@ -1,7 +1,20 @@
 """Algorithms: each a client trainer plus a server aggregator, registered by name."""
 
-from . import (apfl, fedaux, fedavg, fedgta, fediih, fedper, fedprox, fedpub, fedspray, fedstar, gcfl,
-               local, phase_demo)
+from . import (
+    apfl,
+    fedaux,
+    fedavg,
+    fedgta,
+    fediih,
+    fedper,
+    fedprox,
+    fedpub,
+    fedspray,
+    fedstar,
+    gcfl,
+    local,
+    phase_demo,
+)
 from .options import ConfigError, Options, option
 from .registry import ALGORITHMS, Algorithm, get_algorithm, register
 

@@ -64,13 +64,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..nn.gamlp import GATE_LAYOUTS, GAMLP, normalized_adjacency, propagate_hops
+from ..nn.gamlp import GAMLP, GATE_LAYOUTS, normalized_adjacency, propagate_hops
 from ..nn.gcn import GCN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import cosine_similarity, mix
