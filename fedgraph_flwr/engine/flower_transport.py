@@ -96,7 +96,8 @@ def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | 
     return (f"fedgraph-flwr: note: the simulation runs its {num_clients} ClientApps one after "
             f"another (Flower gives each {per_client:g} of the {total:g} CPUs); to run them in "
             f"parallel: flwr run . --federation-config \"client-resources-num-cpus={fix}\" "
-            f"(or once: flwr federation simulation-config @none/default local "
+            f"(or, until the local SuperLink restarts: "
+            f"flwr federation simulation-config @none/default local "
             f"--client-resources-num-cpus {fix})")
 
 
@@ -136,7 +137,8 @@ class FlowerTransport(Transport):
             raise RunAborted(
                 f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
                 f"in simulation run: flwr run . --federation-config \"num-supernodes={want}\" "
-                f"(once: flwr federation simulation-config @none/default local "
+                f"(or, until the local SuperLink restarts: "
+                f"flwr federation simulation-config @none/default local "
                 f"--num-supernodes {want}), or pass --run-config \"num-clients={len(nodes)}\"; "
                 f"in deployment start {want} SuperNodes"
             )
