@@ -260,6 +260,9 @@ def draw_curves(cells: dict[str, list[dict[str, Any]]], path: Path, which: str =
         mean[count == 0] = np.nan
         ax.plot(x, mean, label=f"{cell} (n={len(results)})")
         ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, never 2.5
     ax.set_xlabel("round")
     ax.set_ylabel(f"held mean {which} (%)")
     ax.legend(fontsize="x-small")
