@@ -268,7 +268,8 @@ def test_switches_keep_live_and_restored_trainers_equal(tmp_path, data_root):
            "fedgta-evaluate": "before-train", "fedgta-moment-type": "raw"}
     live = run_federation(dict(cfg, **{"run-name": "live"}), write=False)
     restored = run_federation(dict(cfg, **{"run-name": "restored", "client-state": "file",
-                                           "client-state-dir": str(tmp_path / "state")}), write=False)
+                                           "client-state-dir": str(tmp_path / "state")}),
+                              write=False)
     assert round_metrics(live) == round_metrics(restored)
 
 
@@ -284,7 +285,8 @@ def test_cora_10_clients_short_run(tmp_path, data_root):
     sizes = [r["aggregate"]["accept_size_mean"] for r in results["rounds"]]
     assert all(1 <= s <= 10 for s in sizes)
     # Each client sends its model, 2·P·C moments and one confidence: the same every round.
-    assert len({tuple(r["bytes_received"].values()) for r in results["rounds"]}) == 1
+    sizes = {tuple(r["bytes_received"].values()) for r in results["rounds"]}
+    assert len(sizes) == 1
 
 
 @pytest.mark.simulation

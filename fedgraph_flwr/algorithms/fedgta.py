@@ -99,7 +99,8 @@ class FedGTAOptions(Options, prefix="fedgta"):
     gate_layout: str = option("node", "GAMLP hop attention: node (per node, GAMLP) | code "
                               "(the official reshape that mixes nodes)", choices=GATE_LAYOUTS)
     lp_steps: int = option(5, "label-propagation steps", low=0)
-    lp_alpha: float = option(0.5, "label-propagation α: F <- α ÂF + (1-α) F0", low=0.0, high=1.0)
+    lp_alpha: float = option(0.5, "label-propagation α: F <- α ÂF + (1-α) F0",
+                             low=0.0, high=1.0)
     lp_train_boost: bool = option(False, "add F0 to the training rows after each LP step (code)")
     temperature: float = option(20.0, "temperature T of P_dis = softmax(F / T)", low=0.0,
                                 low_inclusive=False)
@@ -280,10 +281,10 @@ class FedGTAAggregator(Aggregator):
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         ids = sorted(updates)
-        signatures = np.stack([np.asarray(updates[c].signature[MOMENTS_KEY], np.float64).reshape(-1)
-                               for c in ids])
-        confidences = np.array([float(np.asarray(updates[c].signature[CONFIDENCE_KEY]).reshape(-1)[0])
-                                for c in ids])
+        signatures = np.stack([np.asarray(updates[c].signature[MOMENTS_KEY], np.float64)
+                               .reshape(-1) for c in ids])
+        confidences = np.array([np.asarray(updates[c].signature[CONFIDENCE_KEY], np.float64)
+                                .reshape(-1)[0] for c in ids])
         weights, similarity = accept_weights(signatures, confidences, self.options.accept)
         mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype)
         accepted = accept_sets(similarity, self.options.accept).sum(axis=1)

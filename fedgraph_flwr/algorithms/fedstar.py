@@ -123,7 +123,8 @@ class FedStarTrainer(SupervisedTrainer):
     def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
         torch.manual_seed(int(config["seed"]))
         model = cls.build_model(num_features, num_classes, config)
-        return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items() if is_structure(k)}
+        return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
+                if is_structure(k)}
 
     def local_state(self) -> dict[str, Any]:
         return {**super().local_state(), "structure": self.structure}
@@ -143,4 +144,5 @@ class FedStarAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         shared = weighted_average(updates, "train", self.mix_dtype)
         # One global structure branch: every client (also one that sat this round out) gets it.
-        return AggregateResult(payloads={c: shared for c in sorted(set(self.client_ids) | set(updates))})
+        clients = sorted(set(self.client_ids) | set(updates))
+        return AggregateResult(payloads={c: shared for c in clients})

@@ -2,8 +2,8 @@
 
 Structure encodings (:func:`structure_encoding`, computed from the topology alone)::
 
-    s_rw[v] = ((M)_vv, (M²)_vv, …, (M^R)_vv),  M = A D⁻¹       random-walk landing probabilities
-    s_dg[v] = one_hot(min(max(deg v, 1), G) − 1)                 degree, G slots
+    s_rw[v] = ((M)_vv, (M²)_vv, …, (M^R)_vv),  M = A D⁻¹     random-walk returns
+    s_dg[v] = one_hot(min(max(deg v, 1), G) − 1)               degree, G slots
     s = [s_rw ‖ s_dg]                                          [n, R + G]   (``rw_dg``)
 
 Model (official ``GIN_dc`` without its graph pooling; x [n, d], s [n, R+G] -> logits [n, C])::
