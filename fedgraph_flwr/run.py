@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -76,14 +77,16 @@ def sets_data_root(options: dict[str, list[str]]) -> bool:
 
 def is_local_superlink(name: str | None) -> bool:
     """Whether the SuperLink connection ``name`` (the default when None) is Flower's
-    local one, which the CLI starts on this machine."""
+    local one, which the CLI starts on this machine. Read from the Flower configuration
+    file (``$FLWR_HOME/config.toml``) rather than through Flower's CLI internals."""
+    home = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser()
     try:
-        from flwr.cli.flower_config import read_superlink_connection
-    except ImportError:
-        return False
-    try:
-        return read_superlink_connection(name).address in LOCAL_ADDRESSES
-    except Exception:  # noqa: BLE001 - no Flower config yet, or another layout: leave it
+        with (home / "config.toml").open("rb") as fh:
+            superlinks = tomllib.load(fh).get("superlink", {})
+        name = name or superlinks.get("default")
+        return superlinks[name]["address"] in LOCAL_ADDRESSES
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        # no Flower config yet, or another layout: the CLI's default is the local one
         return name in (None, "local")
 
 

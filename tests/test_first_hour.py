@@ -401,3 +401,17 @@ def test_data_root_exported_after_the_superlink_started(tmp_path):
     assert ours["rc"] == 0, shown
     assert f"FEDGRAPH_DATA_ROOT passed on as --run-config data-root={data}" in ours["out"], shown
     print(f"\nplain flwr run: {flwr['s']:.1f}s (rc 0, failed); fedgraph-run: {ours['s']:.1f}s (rc 0)")
+
+
+def test_the_local_superlink_is_read_from_flowers_config_file(tmp_path, monkeypatch):
+    """fedgraph-run tells the local SuperLink from a remote one by Flower's config.toml
+    (read as a file: no Flower CLI internals imported)."""
+    from fedgraph_flwr.run import is_local_superlink
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    assert is_local_superlink(None) and not is_local_superlink("prod")  # no file yet
+    (tmp_path / "config.toml").write_text(
+        '[superlink]\ndefault = "prod"\n[superlink.local]\naddress = ":local:"\n'
+        '[superlink.prod]\naddress = "10.0.0.1:9093"\n')
+    assert not is_local_superlink(None)  # the default is prod
+    assert is_local_superlink("local") and not is_local_superlink("prod")
