@@ -27,7 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 #: ``flwr run`` options that take a value (the rest of the tokens are flags or positionals).
@@ -74,17 +75,21 @@ def sets_data_root(options: dict[str, list[str]]) -> bool:
     return False
 
 
-def is_local_superlink(name: str | None) -> bool:
+def is_local_superlink(name: str | None, env: Mapping[str, str] | None = None) -> bool:
     """Whether the SuperLink connection ``name`` (the default when None) is Flower's
-    local one, which the CLI starts on this machine."""
-    try:
-        from flwr.cli.flower_config import read_superlink_connection
-    except ImportError:
-        return False
-    try:
-        return read_superlink_connection(name).address in LOCAL_ADDRESSES
-    except Exception:  # noqa: BLE001 - no Flower config yet, or another layout: leave it
+    local one, which the CLI starts on this machine. Read from the Flower configuration
+    file (``$FLWR_HOME/config.toml``, default ``~/.flwr``), which ``flwr`` creates with
+    ``local`` as the default connection when there is none."""
+    env = os.environ if env is None else env
+    path = Path(env.get("FLWR_HOME") or Path.home() / ".flwr") / "config.toml"
+    if not path.is_file():
         return name in (None, "local")
+    try:
+        links = tomllib.loads(path.read_text()).get("superlink", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    connection = links.get(name or links.get("default", ""))
+    return isinstance(connection, dict) and connection.get("address") in LOCAL_ADDRESSES
 
 
 def with_data_root(args: list[str], env: dict[str, str] | None = None) -> tuple[list[str], str]:
