@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 #: ``flwr run`` options that take a value (the rest of the tokens are flags or positionals).
@@ -75,19 +75,21 @@ def sets_data_root(options: dict[str, list[str]]) -> bool:
     return False
 
 
-def is_local_superlink(name: str | None) -> bool:
+def is_local_superlink(name: str | None, env: Mapping[str, str] | None = None) -> bool:
     """Whether the SuperLink connection ``name`` (the default when None) is Flower's
     local one, which the CLI starts on this machine. Read from the Flower configuration
-    file (``$FLWR_HOME/config.toml``) rather than through Flower's CLI internals."""
-    home = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").expanduser()
-    try:
-        with (home / "config.toml").open("rb") as fh:
-            superlinks = tomllib.load(fh).get("superlink", {})
-        name = name or superlinks.get("default")
-        return superlinks[name]["address"] in LOCAL_ADDRESSES
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
-        # no Flower config yet, or another layout: the CLI's default is the local one
+    file (``$FLWR_HOME/config.toml``, default ``~/.flwr``), which ``flwr`` creates with
+    ``local`` as the default connection when there is none."""
+    env = os.environ if env is None else env
+    path = Path(env.get("FLWR_HOME") or Path.home() / ".flwr") / "config.toml"
+    if not path.is_file():
         return name in (None, "local")
+    try:
+        links = tomllib.loads(path.read_text()).get("superlink", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    connection = links.get(name or links.get("default", ""))
+    return isinstance(connection, dict) and connection.get("address") in LOCAL_ADDRESSES
 
 
 def with_data_root(args: list[str], env: dict[str, str] | None = None) -> tuple[list[str], str]:

@@ -53,8 +53,10 @@ def test_inprocess_is_deterministic(tmp_path, synthetic_root):
     assert (tmp_path / "a" / "results.json").is_file() and (tmp_path / "a" / "history.csv").is_file()
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl",
-                                       "apfl", "fedaux", "fediih", "fedspray", "fedgta", "fedstar"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl", "apfl",
+                                       "fedgta", "fedstar",
+                                       *(pytest.param(a, marks=pytest.mark.slow)
+                                         for a in ("fedaux", "fediih", "fedspray"))])
 def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_root, algorithm):
     """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
     rebuilds it from its serialised local state every round (here: client-state=file).
@@ -68,6 +70,7 @@ def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_ro
     assert _same(round_metrics(live), round_metrics(restored))
 
 
+@pytest.mark.slow
 def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
     """FedIIH's routing sums over edges with scatter-add; with two CPU threads that sum
     used to come out in varying order (last-digit differences). Same config, same numbers."""
@@ -86,6 +89,7 @@ def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
     assert _same(round_metrics(a), round_metrics(b))
 
 
+@pytest.mark.slow
 def test_local_never_uploads_and_differs_from_fedavg(tmp_path, synthetic_root):
     cfg = {"dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
            "data-root": str(synthetic_root), "output-dir": str(tmp_path)}

@@ -48,6 +48,7 @@ def test_expand_list_of_grids_and_validates_early(tmp_path):
         expand(spec)
 
 
+@pytest.mark.slow
 def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     spec = _spec(tmp_path)
     out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
@@ -133,6 +134,7 @@ def test_shipped_grids_load_and_their_paper_keys_name_cells(path, monkeypatch):
     load_grid(path)  # raises on a bad run config or a paper key that names no cell
 
 
+@pytest.mark.slow
 def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path, capsys):
     spec = dict(_spec(tmp_path), grid={"algorithm": ["fedaux", "fedavg"]}, seeds=[0])
     out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})

@@ -373,6 +373,7 @@ def test_evaluate_reports_the_pooled_counts(num_classes):
     assert 0 <= m["minority_correct"] <= m["minority_count"] <= m["test_count"]
 
 
+@pytest.mark.slow
 def test_federation_has_the_pooled_figures_at_best_val_loss(tmp_path, synthetic_root):
     from fedgraph_flwr.engine.loop import run_federation
 

@@ -13,6 +13,7 @@ from fedgraph_flwr.partition import main as partition_main
 from helpers import round_metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["npz", "pt"])
 def test_export_then_files_run_gives_the_same_numbers(tmp_path, data_root, fmt):
     cfg = {"algorithm": "fedaux", "dataset": "Cora", "num-clients": 3, "rounds": 3,

@@ -247,6 +247,18 @@ def test_data_root_env_is_passed_on_only_where_it_applies(tmp_path, monkeypatch)
     assert fedgraph_run.with_data_root(["."], {}) == (["."], "")
 
 
+def test_local_superlink_is_read_from_the_flower_config(tmp_path):
+    env = {"FLWR_HOME": str(tmp_path)}
+    assert fedgraph_run.is_local_superlink(None, env)  # no config yet: flwr makes local the default
+    (tmp_path / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.supergrid]\naddress = "api.flower.ai"\n\n'
+        '[superlink.local]\naddress = ":local:"\n')
+    assert fedgraph_run.is_local_superlink(None, env)
+    assert fedgraph_run.is_local_superlink("local", env)
+    assert not fedgraph_run.is_local_superlink("supergrid", env)
+    assert not fedgraph_run.is_local_superlink("nowhere", env)
+
+
 def test_run_status_reads_flwr_ls_json():
     payload = {"success": True, "runs": [{"run-id": "7", "status": "finished:failed",
                                           "status-details": "ServerApp failed"}]}

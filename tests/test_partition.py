@@ -179,6 +179,7 @@ def _system_metis_or_skip() -> None:
         pytest.skip(f"the system METIS library has {bits}-bit idx_t; the reference used 32-bit")
 
 
+@pytest.mark.slow
 def test_system_metis_reproduces_reference_files(data_root, tmp_path):
     """metis-library=system (32-bit libmetis) + split-draw=1 rebuilds the shipped Cora-10 files.
 
@@ -220,6 +221,7 @@ def _config(root: Path, **kw) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_cache_build_reuse_and_verify(data_root, tmp_path, monkeypatch):
     root = tmp_path / "root"
     shutil.copytree(data_root / "Cora", root / "Cora")
@@ -266,6 +268,7 @@ print(json.dumps({"folder": str(folder), "files": m["files"], "created": m["crea
 """
 
 
+@pytest.mark.slow
 def test_concurrent_ensure_partitions(data_root, tmp_path):
     """Two fresh processes (as simulation clients are) race on an empty cache.
 

@@ -101,6 +101,7 @@ ALGORITHMS = {"gcfl": GCFL_SPLITS_EARLY, "apfl": {}, "fedspray": {}}
 INPROCESS_DATASET = "Cora"  # 3 METIS clients of ~900 nodes: sparser than SBM, so quicker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_inprocess_resume_matches_uninterrupted(algorithm, tmp_path, data_root):
     """The in-process loop stops after round 2 and resumes to 4 from the same checkpoint code.
@@ -125,6 +126,7 @@ def test_inprocess_resume_matches_uninterrupted(algorithm, tmp_path, data_root):
         assert [r["aggregate"]["num-clusters"] for r in full["rounds"]] == [1, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_resume_with_context_state_warns_and_clients_restart(tmp_path, data_root):
     """With client-state=context the clients' optimiser state is gone after a restart:
     the server says so, and the numbers indeed differ from an uninterrupted run."""
