@@ -112,7 +112,8 @@ def test_a_data_root_that_reached_no_client_is_one_line_with_the_fix(monkeypatch
     assert "environment the local SuperLink had when it started" in message
     assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in message
     assert "--run-config \"data-root='/path/to/datasets'\"" in message
-    assert "pkill -f flower-superlink; export FEDGRAPH_DATA_ROOT=" in message
+    assert 'pkill -u "$(id -u)" -f "[f]lower-superlink .*--log-file' in message
+    assert "export FEDGRAPH_DATA_ROOT=" in message and "pkill -f flower-superlink" not in message
 
 
 def test_data_root_hint_only_where_it_applies(monkeypatch):
@@ -408,7 +409,7 @@ def test_data_root_exported_after_the_superlink_started(tmp_path):
     flwr = results["flwr"]
     assert flwr["rc"] == 0, shown  # Flower's own exit status says nothing
     assert "the 2 simulated clients cannot load their data: DataRootError" in flwr["out"], shown
-    assert "pkill -f flower-superlink; export FEDGRAPH_DATA_ROOT=" in flwr["out"], shown
+    assert 'pkill -u "$(id -u)" -f "[f]lower-superlink' in flwr["out"], shown
     ours = results["ours"]
     assert ours["rc"] == 0, shown
     assert f"FEDGRAPH_DATA_ROOT passed on as --run-config data-root={data}" in ours["out"], shown

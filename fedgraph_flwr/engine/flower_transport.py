@@ -71,8 +71,9 @@ def data_root_hint(config: Config, simulated: bool) -> str:
     return (f". A local simulation runs with the environment the local SuperLink had when it "
             f"started: a FEDGRAPH_DATA_ROOT exported since is not seen. Fix: flwr run . {fix} "
             f"(fedgraph-run passes $FEDGRAPH_DATA_ROOT on by itself), or restart the local "
-            f"SuperLink with the variable set: pkill -f flower-superlink; "
-            f"export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .")
+            f"SuperLink with the variable set (stop only yours: pkill -u \"$(id -u)\" -f "
+            f"\"[f]lower-superlink .*--log-file ${{FLWR_HOME:-$HOME/.flwr}}/local-superlink/"
+            f"superlink.log\"; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
 
 
 def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | None:
