@@ -51,3 +51,15 @@ def reference_partitions(shared_dir) -> Path:
     if not folder.is_dir():
         pytest.skip(f"{folder} not found: reference-partition tests skipped")
     return folder
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread, as each simulated ClientApp has: the same sums, the same bits
+    (and on tiny graphs thread start-up would dominate)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

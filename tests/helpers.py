@@ -35,3 +35,24 @@ def contract_metrics(**values: float) -> dict:
     metrics = {k: 1.0 for keys in REQUIRED_METRICS.values() for k in keys}
     metrics.update(values)
     return metrics
+
+
+def simulation_equals_in_process(config: dict, out, num_supernodes: int) -> dict:
+    """Run ``config`` as a real Flower simulation (run-name "flower") and in process;
+    assert every round completed with every client and both gave the same per-client
+    metrics; return the simulation's results."""
+    import json
+
+    from fedgraph_flwr.engine.client_app import make_client_app
+    from fedgraph_flwr.engine.loop import run_federation
+    from fedgraph_flwr.engine.server_app import make_server_app
+
+    config = dict(config, **{"output-dir": str(out), "run-name": "flower"})
+    simulate(make_server_app(config), make_client_app(), num_supernodes)
+    flower = json.loads((out / "flower" / "results.json").read_text())
+    assert [r["round"] for r in flower["rounds"]] == list(range(1, int(config["rounds"]) + 1))
+    assert all(len(r["clients"]) == num_supernodes and not r["failures"] for r in flower["rounds"])
+    inproc = run_federation(dict(config, **{"run-name": "inproc"}), write=False)
+    assert round_metrics(flower) == round_metrics(inproc)
+    assert 0 < flower["final"]["test_at_best_val"] <= 100
+    return flower

@@ -30,19 +30,14 @@ from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gamlp import GAMLP, normalized_adjacency, propagate_hops
 
-from helpers import round_metrics, simulate
+from helpers import round_metrics, simulation_equals_in_process
 
 CPU = torch.device("cpu")
 # A path 0 - 1 - 2, both directions.
 PATH = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _graph(n: int = 60, num_classes: int = 3, seed: int = 0) -> Data:
@@ -291,16 +286,6 @@ def test_cora_10_clients_short_run(tmp_path, data_root):
 
 @pytest.mark.simulation
 def test_flower_simulation_smoke_matches_inprocess(tmp_path, data_root):
-    from fedgraph_flwr.engine.client_app import make_client_app
-    from fedgraph_flwr.engine.server_app import make_server_app
-
-    cfg = {"algorithm": "fedgta", "dataset": "Cora", "num-clients": 3, "rounds": 3, "hidden": 16,
-           "data-root": str(data_root), "output-dir": str(tmp_path), "run-name": "flower"}
-    simulate(make_server_app(cfg), make_client_app(), num_supernodes=3)
-    import json
-    flower = json.loads((tmp_path / "flower" / "results.json").read_text())
-    assert [r["round"] for r in flower["rounds"]] == [1, 2, 3]
-    assert all(len(r["clients"]) == 3 and not r["failures"] for r in flower["rounds"])
-    inproc = run_federation(dict(cfg, **{"run-name": "inproc"}), write=False)
-    assert round_metrics(flower) == round_metrics(inproc)
-    assert 0 < flower["final"]["test_at_best_val"] <= 100
+    simulation_equals_in_process({"algorithm": "fedgta", "dataset": "Cora", "num-clients": 3,
+                                  "rounds": 3, "hidden": 16, "data-root": str(data_root)},
+                                 tmp_path, num_supernodes=3)

@@ -32,13 +32,7 @@ from fedgraph_flwr.algorithms.local import LocalAggregator, LocalTrainer
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny graphs: thread start-up dominates, and a shared 2-core box thrashes with 2 threads.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def contextual_sbm(rng: np.random.Generator, num_nodes: int, majority: int, num_classes: int = 2,

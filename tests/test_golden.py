@@ -24,20 +24,9 @@ _spec.loader.exec_module(record)
 GOLDEN = json.loads((GOLDEN_DIR / "cora10.json").read_text())
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread, as each simulated ClientApp has (``record.py`` says why)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", record.ALGORITHMS)
-def test_in_process_equals_golden(tmp_path, data_root, algorithm, one_thread):
+def test_in_process_equals_golden(tmp_path, data_root, algorithm, one_torch_thread):
     results = run_federation(record.config(algorithm, str(data_root), str(tmp_path)), write=False)
     assert record.figures(results) == GOLDEN[algorithm]
 
