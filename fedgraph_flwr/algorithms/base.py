@@ -37,7 +37,9 @@ phase): a ClientApp action, so Flower's own routing picks the handler.
 
 Privacy invariant: nothing a client sends in any phase may scale with its node count
 (no embeddings, scores or per-node values), except where a baseline's own published
-design does so (a named exemption, tested).
+design does so: the trainer names those arrays in ``per_node_arrays`` (with the paper's
+reason in its docstring), and ``tests/test_privacy_and_replies.py`` allows that only for
+the algorithms it lists by name.
 """
 
 from __future__ import annotations
@@ -140,6 +142,11 @@ class ClientTrainer(ABC):
 
     #: The round, as phases (module docstring); most algorithms need only ``train``.
     phases: tuple[Phase, ...] = (TRAIN_PHASE,)
+
+    #: Names of the arrays (any phase's upload or signature) whose size follows the
+    #: client's node count *by the method's own published design* (the privacy
+    #: invariant's exemption, module docstring). Empty for every method of ours.
+    per_node_arrays: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self, data: Data, config: Config, num_classes: int, device: torch.device
