@@ -5,7 +5,9 @@ local SuperLink (started once, by a first run, with its state in a private FLWR_
 and reports when the ``fedgraph-flwr: error:`` line appeared, the line itself, when
 ``flwr run`` returned and with what exit status. Flower rejects an unknown key itself,
 before any of our code runs (``[code: 15] Invalid run configuration``, without the key's
-name); in a ``config-file`` our check names it.
+name); in a ``config-file`` our check names it. Each case is timed twice: with
+``flwr run`` and with ``fedgraph-run`` (same arguments), which checks the run config
+before it submits anything.
 
 Run it where the local SuperLink's ports are free, e.g. in a private network namespace:
 
@@ -34,9 +36,13 @@ CASES = (
 MARKERS = ("fedgraph-flwr: error:", "Invalid run configuration")
 
 
-def timed_run(run_config: str, env: dict[str, str], timeout: float) -> dict:
+COMMANDS = ("flwr run", "fedgraph-run")
+
+
+def timed_run(run_config: str, env: dict[str, str], timeout: float, command: str = "flwr run"
+              ) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.Popen(["flwr", "run", ".", "--run-config", run_config, "--stream"],
+    proc = subprocess.Popen([*command.split(), ".", "--run-config", run_config, "--stream"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     first, line_seen = None, ""
@@ -47,7 +53,7 @@ def timed_run(run_config: str, env: dict[str, str], timeout: float) -> dict:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-    return {"run_config": run_config, "error_line_s": first, "error_line": line_seen,
+    return {"command": command, "run_config": run_config, "error_line_s": first, "error_line": line_seen,
             "exit_s": time.perf_counter() - t0, "exit_status": proc.returncode}
 
 
@@ -63,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     typo = Path(home) / "typo.yaml"
     typo.write_text("algorithm: fedaux\nfedaux-sigmaa: 2\n")
     timed_run(CASES[0], env, args.timeout)  # starts the local SuperLink; not counted
-    rows = [timed_run(case, env, args.timeout) for case in (*CASES, f"config-file='{typo}'")]
-    print(f"{'run config':50} {'error line':>10} {'exit':>7} {'status':>6}  line")
+    rows = [timed_run(case, env, args.timeout, command)
+            for case in (*CASES, f"config-file='{typo}'") for command in COMMANDS]
+    print(f"{'command':13} {'run config':50} {'error line':>10} {'exit':>7} {'status':>6}  line")
     for r in rows:
         seen = f"{r['error_line_s']:.1f}s" if r["error_line_s"] is not None else "none"
-        print(f"{r['run_config']:50} {seen:>10} {r['exit_s']:6.1f}s {r['exit_status']!s:>6}  "
-              f"{r['error_line'][:90]}")
+        print(f"{r['command']:13} {r['run_config']:50} {seen:>10} {r['exit_s']:6.1f}s "
+              f"{r['exit_status']!s:>6}  {r['error_line'][:90]}")
     print(json.dumps({"benchmark": "config_error_latency", "rows": rows}))
     # Stop the local SuperLink this script started (found by its FLWR_HOME), nothing else.
     for pid in os.listdir("/proc"):

@@ -10,6 +10,12 @@ final status (``flwr ls --run-id <id> --format json``) and exits with
 - ``flwr run``'s own status when that is not 0 (e.g. no SuperLink, a bad argument);
 - 2: the run's outcome is unknown (no run id in the output, no status from the SuperLink).
 
+Before anything is submitted, the ``--run-config`` values are checked exactly as the
+ServerApp will check them (unknown keys by name, with the closest valid one; bad
+values; a missing ``config-file``): a bad one is one line and exit status 1 within
+seconds, where ``flwr run`` alone says only ``[code: 15] Invalid run configuration.``
+for an unknown key and reports the rest from the ServerApp.
+
 With a local SuperLink (the default ``local`` connection) ``FEDGRAPH_DATA_ROOT`` of
 this shell is passed on as ``--run-config data-root=...`` unless the arguments set
 ``data-root``: the local SuperLink runs the apps with the environment it had when it
@@ -30,6 +36,7 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 #: ``flwr run`` options that take a value (the rest of the tokens are flags or positionals).
 VALUE_OPTIONS = {"--federation", "--run-config", "-c", "--federation-config", "--format"}
@@ -109,6 +116,56 @@ def with_data_root(args: list[str], env: dict[str, str] | None = None) -> tuple[
     return [*args, "--run-config", f"data-root={json.dumps(path)}"], note
 
 
+#: Flower's own ``--run-config`` grammar (``flwr.common.config.parse_config_args``).
+CONFIG_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def run_config_values(options: dict[str, list[str]]) -> dict[str, Any] | None:
+    """The ``--run-config`` overrides as Flower parses them; None where Flower itself
+    will refuse them (a malformed value), so that its own message is the one shown."""
+    values: dict[str, Any] = {}
+    for line in options.get("--run-config", []) + options.get("-c", []):
+        try:
+            if line.endswith(".toml"):
+                with Path(line).expanduser().open("rb") as fh:
+                    values.update(_flatten(tomllib.load(fh)))
+            else:
+                pairs = CONFIG_PAIR.findall(line)
+                values.update(_flatten(tomllib.loads("\n".join(f"{k} = {v}" for k, v in pairs))))
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+    return values
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        flat.update(_flatten(value, name) if isinstance(value, Mapping) else {name: value})
+    return flat
+
+
+def config_error(args: Sequence[str]) -> str | None:
+    """The ServerApp's one-line error for this command's run config, or None when it
+    is valid (or cannot be read here: then Flower and the ServerApp report it).
+    A ``config-file`` is read relative to the app folder, as the ServerApp reads it."""
+    positionals, options = split_args(args)
+    values = run_config_values(options)
+    if values is None:
+        return None
+    from .config import ConfigError, resolve_config  # torch-heavy: only when checking
+
+    app = Path(positionals[0] if positionals else ".")
+    if isinstance(values.get("config-file"), str) and values["config-file"]:
+        path = Path(values["config-file"]).expanduser()
+        values["config-file"] = str(path if path.is_absolute() else app / path)
+    try:
+        resolve_config(None, values)
+    except ConfigError as exc:
+        return f"{ERROR_LINE}{exc}"
+    return None
+
+
 def run_status(run_id: int, superlink: str | None,
                runner: Callable[..., subprocess.CompletedProcess] = subprocess.run
                ) -> tuple[str, str] | None:
@@ -158,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if "--stream" not in args:
         args.append("--stream")
+    error = config_error(args)
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     args, note = with_data_root(args)
     if note:
         print(note, flush=True)

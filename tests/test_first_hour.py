@@ -260,6 +260,33 @@ def test_local_superlink_is_read_from_the_flower_config(tmp_path):
     assert not fedgraph_run.is_local_superlink("nowhere", env)
 
 
+@pytest.mark.parametrize("run_config, words", [
+    ("fedaux-sigmaa=2", "unknown config key 'fedaux-sigmaa'; did you mean 'fedaux-sigma'?"),
+    ("lr=-0.01", "lr must be positive"),
+    ("dataset='Corra'", "unknown dataset 'Corra'"),
+    ("algorithm='fedavg' fedaux-sigma=2", "fedaux-sigma is an option of fedaux"),
+    ("config-file='configs/nope.yaml'", "does not exist"),
+])
+def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run_config, words,
+                                                                                capsys):
+    """No SuperLink is needed: the check runs before ``flwr run`` and names the key."""
+    root = Path(__file__).resolve().parents[1]
+    assert fedgraph_run.main([str(root), "--run-config", run_config]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(fedgraph_run.ERROR_LINE) and words in err and "\n" not in err
+
+
+def test_run_config_is_parsed_as_flower_parses_it(tmp_path):
+    toml = tmp_path / "over.toml"
+    toml.write_text('rounds = 3\nalgorithm = "fedavg"\n')
+    parse = fedgraph_run.run_config_values
+    assert parse({"--run-config": ["rounds=3 algorithm='fedavg' data-root=\"/a b\""]}) == {
+        "rounds": 3, "algorithm": "fedavg", "data-root": "/a b"}
+    assert parse({"--run-config": [str(toml)]}) == {"rounds": 3, "algorithm": "fedavg"}
+    assert parse({"--run-config": ["rounds=[oops"]}) is None  # Flower's own message then
+    assert fedgraph_run.config_error([".", "--run-config", "rounds=3 algorithm='fedavg'"]) is None
+
+
 def test_run_status_reads_flwr_ls_json():
     payload = {"success": True, "runs": [{"run-id": "7", "status": "finished:failed",
                                           "status-details": "ServerApp failed"}]}
