@@ -12,9 +12,11 @@ final status (``flwr ls --run-id <id> --format json``) and exits with
 
 Before anything is submitted, the ``--run-config`` values are checked exactly as the
 ServerApp will check them (unknown keys by name, with the closest valid one; bad
-values; a missing ``config-file``): a bad one is one line and exit status 1 within
-seconds, where ``flwr run`` alone says only ``[code: 15] Invalid run configuration.``
-for an unknown key and reports the rest from the ServerApp.
+values; a missing ``config-file``), ``num-clients`` against this command's
+``num-supernodes``, and, with a local SuperLink, that the dataset is under
+``data-root``: a bad one is one line and exit status 1 within seconds, where ``flwr run``
+alone says only ``[code: 15] Invalid run configuration.`` for an unknown key and
+reports the rest from the ServerApp half a minute later.
 
 With a local SuperLink (the default ``local`` connection) ``FEDGRAPH_DATA_ROOT`` of
 this shell is passed on as ``--run-config data-root=...`` unless the arguments set
@@ -26,6 +28,7 @@ Usage: ``fedgraph-run . --run-config "rounds=5"`` (any ``flwr run`` arguments).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -145,24 +148,66 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def app_config_keys(app: Path) -> set[str] | None:
+    """The run-config keys the app declares (``[tool.flwr.app.config]`` of its
+    ``pyproject.toml``), read without importing the project; None if unreadable."""
+    try:
+        project = tomllib.loads((app / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    table = project.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    return set(_flatten(table)) if isinstance(table, Mapping) else None
+
+
+def federation_size(options: dict[str, list[str]]) -> int | None:
+    """``num-supernodes`` where this command's ``--federation-config`` sets it."""
+    size = None
+    for line in options.get("--federation-config", []):
+        for key, value in CONFIG_PAIR.findall(line):
+            if key == "num-supernodes" and value.isdigit():
+                size = int(value)
+    return size
+
+
 def config_error(args: Sequence[str]) -> str | None:
-    """The ServerApp's one-line error for this command's run config, or None when it
-    is valid (or cannot be read here: then Flower and the ServerApp report it).
+    """The one-line error this command's run would stop with, found before anything is
+    submitted, or None. Checked here: the ServerApp's own config check on the
+    ``--run-config`` values (an unknown key first, from the app's ``pyproject.toml``,
+    before torch is imported); ``num-clients`` against a ``num-supernodes`` this command
+    sets; and, for the local SuperLink (same machine) with ``data-root`` set, that the
+    dataset's files are there. What cannot be read here is left to Flower and the ServerApp.
     A ``config-file`` is read relative to the app folder, as the ServerApp reads it."""
     positionals, options = split_args(args)
     values = run_config_values(options)
     if values is None:
         return None
-    from .config import ConfigError, resolve_config  # torch-heavy: only when checking
-
     app = Path(positionals[0] if positionals else ".")
+    keys = app_config_keys(app)
+    unknown = sorted(set(values) - keys) if keys else []
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(keys))}"
+        return f"{ERROR_LINE}unknown config key {unknown[0]!r}{hint}"
+    from .config import ConfigError, resolve_config  # torch-heavy: only now
+
     if isinstance(values.get("config-file"), str) and values["config-file"]:
         path = Path(values["config-file"]).expanduser()
         values["config-file"] = str(path if path.is_absolute() else app / path)
     try:
-        resolve_config(None, values)
+        config = resolve_config(None, values)
     except ConfigError as exc:
         return f"{ERROR_LINE}{exc}"
+    size = federation_size(options)
+    if size is not None and size != int(config["num-clients"]):
+        return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
+                f"num-clients={config['num-clients']}; make them equal")
+    superlink = positionals[1] if len(positionals) > 1 else None
+    if values.get("data-root") and is_local_superlink(superlink):
+        from .engine.client_runtime import missing_dataset
+
+        missing = missing_dataset(config)
+        if missing:
+            return f"{ERROR_LINE}{missing.removeprefix('DataRootError: ')}"
     return None
 
 
@@ -215,13 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if "--stream" not in args:
         args.append("--stream")
+    args, note = with_data_root(args)
+    if note:
+        print(note, flush=True)
     error = config_error(args)
     if error:
         print(error, file=sys.stderr)
         return 1
-    args, note = with_data_root(args)
-    if note:
-        print(note, flush=True)
     positionals, _ = split_args(args)
     superlink = positionals[1] if len(positionals) > 1 else None
     proc = subprocess.Popen([*_flwr(), "run", *args], stdout=subprocess.PIPE,

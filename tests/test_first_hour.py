@@ -276,6 +276,23 @@ def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run
     assert err.startswith(fedgraph_run.ERROR_LINE) and words in err and "\n" not in err
 
 
+def test_fedgraph_run_checks_the_federation_size_and_the_data_root_before_submitting(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))  # no config.toml: the local SuperLink
+    root = str(Path(__file__).resolve().parents[1])
+    error = fedgraph_run.config_error(
+        [root, "--run-config", "num-clients=10", "--federation-config", "num-supernodes=5"])
+    assert error == (f"{fedgraph_run.ERROR_LINE}--federation-config sets num-supernodes=5 but "
+                     "num-clients=10; make them equal")
+    error = fedgraph_run.config_error([root, "--run-config", f"data-root='{tmp_path}'"])
+    assert error.startswith(f"{fedgraph_run.ERROR_LINE}dataset 'Cora' is not available under "
+                            f"{tmp_path}") and "\n" not in error
+    # A remote SuperLink's data root is not this machine's: left to the clients.
+    (tmp_path / "config.toml").write_text(
+        '[superlink]\ndefault = "far"\n[superlink.far]\naddress = "10.0.0.1:9093"\n')
+    assert fedgraph_run.config_error([root, "--run-config", f"data-root='{tmp_path}'"]) is None
+
+
 def test_run_config_is_parsed_as_flower_parses_it(tmp_path):
     toml = tmp_path / "over.toml"
     toml.write_text('rounds = 3\nalgorithm = "fedavg"\n')
