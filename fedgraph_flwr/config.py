@@ -45,6 +45,10 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "split-draw": 0,
     # pymetis (bundled, 64-bit idx_t) | system (libmetis; Debian's 32-bit one = the reference's partitions)
     "metis-library": "pymetis",
+    # normalized: row-normalised where the papers do (Planetoid, Amazon) | raw: never
+    "features": "normalized",
+    # keep only the largest connected component, where the dataset's papers do
+    "lcc": True,
     "rounds": 100,
     "local-epochs": 1,
     "fraction": 1.0,
@@ -59,6 +63,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
     # seeds: model/training seed, and the data seeds of the papers' protocol
     "seed": 0,
     "split-seed": 1234,
+    # true: the train/val/test draw uses split-seed + seed (a new split per run seed, as
+    # FedSpray's official code); false: one split for every seed (the FED-PUB protocol)
+    "split-follows-seed": False,
     "partition-seed": 1234,
     # where things live
     "data-root": "",
@@ -81,6 +88,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
 
 PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
 PARTITION_SPLITS = ("auto", "global", "per-client")
+FEATURES = ("normalized", "raw")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
 
@@ -91,7 +99,8 @@ CLIENT_KEYS = (
     "algorithm",
     # its data: dataset, partition and splits (data/partition.py, engine/client_runtime.py)
     "dataset", "num-clients", "partition", "partition-dir", "partition-split", "split-draw",
-    "metis-library", "split-seed", "partition-seed", "data-root",
+    "metis-library", "features", "lcc", "split-seed", "split-follows-seed", "partition-seed",
+    "data-root",
     # its model and local training (algorithms/)
     "seed", "local-epochs", "lr", "weight-decay", "hidden", "num-layers", "gnn", "dropout",
     "metric",
@@ -198,6 +207,8 @@ def validate(config: Mapping[str, Any]) -> None:
     if config["partition-split"] not in PARTITION_SPLITS:
         raise ConfigError(f"unknown partition-split {config['partition-split']!r}; "
                           f"valid: {', '.join(PARTITION_SPLITS)}")
+    if config["features"] not in FEATURES:
+        raise ConfigError(f"unknown features {config['features']!r}; valid: {', '.join(FEATURES)}")
     if config["partition"] == "metis-overlapping" and config["num-clients"] % 5:
         raise ConfigError(f"partition=metis-overlapping needs num-clients divisible by 5 "
                           f"(5 clients per METIS part), got {config['num-clients']}")

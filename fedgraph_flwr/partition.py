@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metis-library", default="pymetis", choices=("pymetis", "system"),
                    help="METIS build: pymetis (bundled, 64-bit idx_t) or system ($METIS_DLL or the "
                         "system's libmetis; Debian's 32-bit libmetis5 gives the reference code's partitions)")
+    p.add_argument("--features", default="normalized", choices=("normalized", "raw"),
+                   help="raw: skip the row normalisation of Planetoid/Amazon features")
+    p.add_argument("--no-lcc", action="store_true",
+                   help="keep every connected component (default: the largest, where the papers do)")
     p.add_argument("--export", default="", help="also write client_<i>.<format> + stats.json here")
     p.add_argument("--format", default="npz", choices=("npz", "pt"))
     p.add_argument("--json", action="store_true", help="print the manifest as JSON instead of a table")
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "data-root": args.data_root, "split-seed": args.split_seed,
         "partition-seed": args.partition_seed, "partition-split": args.partition_split,
         "split-draw": args.split_draw, "metis-library": args.metis_library,
+        "features": args.features, "lcc": not args.no_lcc,
     }
     try:
         folder = ensure_partitions(config)

@@ -57,6 +57,31 @@ def test_planetoid_lcc_and_normalised(data_root):
     assert bool((ones | (sums == 0)).all()) and int(ones.sum()) == 2110  # 10 all-zero rows stay 0
 
 
+def test_raw_features_and_no_lcc_as_fedsprays_official_code_loads_planetoid(data_root):
+    raw = ds.load_dataset("Cora", data_root, features="raw", lcc=False)
+    _check_graph(raw)
+    assert raw.num_nodes == 2708  # every component
+    assert set(raw.x.unique().tolist()) == {0.0, 1.0}  # binary bag of words, not row-normalised
+    lcc_raw = ds.load_dataset("Cora", data_root, features="raw")
+    assert lcc_raw.num_nodes == 2485 and float(lcc_raw.x.sum(1).max()) > 1
+    with pytest.raises(ValueError, match="unknown features 'scaled'"):
+        ds.load_dataset("Cora", data_root, features="scaled")
+
+
+def test_the_switches_name_their_partition_build_and_reach_its_manifest(data_root):
+    from fedgraph_flwr.data import partition
+
+    cfg = {"dataset": "Cora", "num-clients": 5, "partition": "louvain", "data-root": str(data_root)}
+    raw = {**cfg, "features": "raw", "lcc": False}
+    assert partition.cache_name(partition.cache_key(cfg)) == "Cora-louvain-5-s1234-p1234"
+    assert partition.cache_name(partition.cache_key(raw)).endswith("-rawfeatures-nolcc")
+    manifest = partition.read_manifest(partition.ensure_partitions(raw))
+    assert (manifest["features"], manifest["lcc"]) == ("raw", False)
+    assert manifest["graph"]["nodes"] == 2708
+    clients = partition.load_all_clients(raw)
+    assert float(torch.cat([c.x for c in clients]).sum(1).max()) > 1
+
+
 def test_heterophilous_from_shared(data_root):
     mine = ds.load_dataset("Minesweeper", data_root)
     _check_graph(mine)

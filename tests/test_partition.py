@@ -321,3 +321,19 @@ def test_sbm_edge_sampler_exact_density():
     assert not bool((block[ei[0]] != block[ei[1]]).any())
     assert int((block[ei[0]] == 0).sum()) == 50 * 49  # p=1: complete block, no self loops
     assert int((ei[0] == ei[1]).sum()) == 0
+
+
+def test_split_follows_seed_draws_a_new_split_per_run_seed(tmp_path):
+    """FedSpray's official code draws a new split for each run seed; the default keeps one
+    split for every seed (the FED-PUB protocol). The partition itself does not move."""
+    cfg = {"dataset": "SBM", "num-clients": 3, "partition": "metis", "data-root": str(tmp_path)}
+    follows = {**cfg, "split-follows-seed": True}
+    assert P.cache_key({**cfg, "seed": 4})["split_seed"] == 1234
+    assert P.cache_key({**follows, "seed": 4})["split_seed"] == 1238
+    assert P.cache_key({**follows, "seed": 4, "split-seed": 10})["split_seed"] == 14
+    seed0, seed1 = (P.load_all_clients({**follows, "seed": seed}) for seed in (0, 1))
+    assert all(torch.equal(a.global_id, b.global_id) for a, b in zip(seed0, seed1))
+    masks = {0: [c.train_mask for c in seed0], 1: [c.train_mask for c in seed1]}
+    assert any(not torch.equal(a, b) for a, b in zip(masks[0], masks[1]))
+    again = P.load_all_clients({**follows, "seed": 1})
+    assert all(torch.equal(a, c.train_mask) for a, c in zip(masks[1], again))

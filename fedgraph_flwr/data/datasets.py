@@ -194,27 +194,40 @@ def _ogb_arxiv(root: Path):
     return PygNodePropPredDataset(name="ogbn-arxiv", root=str(root))
 
 
-def preprocess(data: Data, spec: DatasetSpec) -> Data:
-    """The papers' transforms; returns a fresh Data with only x, edge_index, y."""
+FEATURES = ("normalized", "raw")
+
+
+def preprocess(data: Data, spec: DatasetSpec, *, features: str = "normalized",
+               lcc: bool = True) -> Data:
+    """The papers' transforms; returns a fresh Data with only x, edge_index, y.
+
+    ``features="raw"`` skips the row normalisation the dataset's papers apply (FedSpray's
+    official code trains on raw Planetoid features); ``lcc=False`` keeps every connected
+    component where the dataset otherwise keeps only the largest.
+    """
+    if features not in FEATURES:
+        raise ValueError(f"unknown features {features!r}; valid: {', '.join(FEATURES)}")
     import torch_geometric.transforms as T
 
     graph = Data(x=data.x, edge_index=data.edge_index, y=data.y.view(-1), num_nodes=data.num_nodes)
     steps = []
     if spec.to_undirected:
         steps.append(T.ToUndirected())
-    if spec.lcc:
+    if spec.lcc and lcc:
         steps.append(T.LargestConnectedComponents())
-    if spec.normalize_features:
+    if spec.normalize_features and features == "normalized":
         steps.append(T.NormalizeFeatures())
     graph = T.Compose(steps)(graph) if steps else graph
     return Data(x=graph.x.float().contiguous(), edge_index=graph.edge_index.long().contiguous(),
                 y=graph.y.long().contiguous())
 
 
-def load_dataset(name: str, root: str | Path, *, seed: int = 0) -> Data:
+def load_dataset(name: str, root: str | Path, *, seed: int = 0, features: str = "normalized",
+                 lcc: bool = True) -> Data:
     """The preprocessed full graph of dataset ``name`` stored under ``root``.
 
-    ``seed`` only affects the synthetic graphs (SBM, CSBM).
+    ``seed`` only affects the synthetic graphs (SBM, CSBM); ``features`` and ``lcc``: see
+    :func:`preprocess` (the synthetic graphs have neither step).
     Raises :class:`DatasetNotAvailable` when raw files are missing (never downloads) and
     ``ValueError`` for an unknown name.
     """
@@ -234,7 +247,7 @@ def load_dataset(name: str, root: str | Path, *, seed: int = 0) -> Data:
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         # A PyG/ogb class wanted to download after all (e.g. an unexpected file layout).
         raise _not_available(spec, root, list(spec.raw_files), f"download attempted: {exc}") from exc
-    return preprocess(raw, spec)
+    return preprocess(raw, spec, features=features, lcc=lcc)
 
 
 def num_classes_of(data: Data, name: str | None = None) -> int:

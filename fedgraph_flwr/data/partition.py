@@ -298,10 +298,13 @@ def cache_key(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown partition-split {split!r}; valid: auto, {', '.join(SPLITS)}")
     dataset = canonical_name(str(config["dataset"]))
     train, test = split_ratios(get_spec(dataset).train_ratio)
+    split_seed = int(config.get("split-seed", 1234))
+    if _flag(config.get("split-follows-seed", False)):
+        split_seed += int(config.get("seed", 0))
     key = {
         "format": FORMAT_VERSION, "dataset": dataset, "mode": mode,
         "num_clients": int(config["num-clients"]), "split": split,
-        "split_seed": int(config.get("split-seed", 1234)),
+        "split_seed": split_seed,
         "partition_seed": int(config.get("partition-seed", 1234)),
         "train_ratio": train, "test_ratio": test,
     }
@@ -313,11 +316,28 @@ def cache_key(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown metis-library {library!r}; valid: {', '.join(METIS_LIBRARIES)}")
     if library != "pymetis" and mode.startswith("metis"):  # older keys stay valid
         key["metis_library"] = library
+    # Only where they differ from the default, so that earlier builds keep their keys.
+    features = str(config.get("features", "normalized") or "normalized")
+    if features != "normalized":
+        key["features"] = features
+    if not _flag(config.get("lcc", True)):
+        key["lcc"] = False
     if mode == "louvain":
         key["louvain_resolution"] = 1.0
     if get_spec(dataset).family == "synthetic":
         key["graph_seed"] = SYNTHETIC_GRAPH_SEED
     return key
+
+
+def _flag(value: Any) -> bool:
+    """A run-config boolean (TOML/YAML give bool; the partition CLI may give a string)."""
+    return value.strip().lower() in ("1", "true", "yes") if isinstance(value, str) else bool(value)
+
+
+def _graph_options(key: Mapping[str, Any]) -> dict[str, Any]:
+    """``load_dataset``'s keyword arguments for the partition ``key``."""
+    return {"seed": key.get("graph_seed", SYNTHETIC_GRAPH_SEED),
+            "features": key.get("features", "normalized"), "lcc": key.get("lcc", True)}
 
 
 def cache_name(key: Mapping[str, Any]) -> str:
@@ -330,6 +350,10 @@ def cache_name(key: Mapping[str, Any]) -> str:
         name += f"-d{key['split_draw']}"
     if key.get("metis_library"):
         name += f"-{key['metis_library']}metis"
+    if key.get("features"):
+        name += f"-{key['features']}features"
+    if key.get("lcc") is False:
+        name += "-nolcc"
     return name
 
 
@@ -385,7 +409,7 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
     """Load, split and partition the dataset of ``key`` into ``out_dir``; return the manifest."""
     t0 = time.perf_counter()
     dataset = key["dataset"]
-    graph = load_dataset(dataset, data_root, seed=key.get("graph_seed", SYNTHETIC_GRAPH_SEED))
+    graph = load_dataset(dataset, data_root, **_graph_options(key))
     num_classes = num_classes_of(graph, dataset)
     if key["split"] == "global":
         graph.train_mask, graph.val_mask, graph.test_mask = random_split(
@@ -409,6 +433,7 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
     manifest = {
         "key": dict(key), "dataset": dataset, "mode": key["mode"], "num_clients": key["num_clients"],
         "split": key["split"], "split_seed": key["split_seed"], "partition_seed": key["partition_seed"],
+        "features": key.get("features", "normalized"), "lcc": key.get("lcc", True),
         "num_features": int(graph.num_features), "num_classes": num_classes,
         "graph": {"nodes": int(graph.num_nodes), "edges": int(graph.edge_index.size(1)),
                   "nodes_in_clients": covered},
@@ -426,8 +451,9 @@ def ensure_partitions(config: Mapping[str, Any], verify: bool = True) -> Path:
 
     Reads run-config keys ``dataset``, ``num-clients``, ``partition``, ``split-seed``
     (1234), ``partition-seed`` (1234), ``data-root`` ("" = default root) and optionally
-    ``partition-split`` ("auto" | "global" | "per-client"), ``split-draw`` (0) and
-    ``metis-library`` ("pymetis" | "system").
+    ``partition-split`` ("auto" | "global" | "per-client"), ``split-draw`` (0),
+    ``metis-library`` ("pymetis" | "system"), ``features`` ("normalized" | "raw"),
+    ``lcc`` (true) and ``split-follows-seed`` (false; with ``seed``).
     Safe under concurrent calls.
     """
     key = cache_key(config)
@@ -476,8 +502,7 @@ def ensure_diagnostics(config: Mapping[str, Any], folder: Path | None = None) ->
         manifest = read_manifest(folder)
         if _has_diagnostics(manifest):  # another process added it meanwhile
             return manifest
-        graph = load_dataset(key["dataset"], _config_root(config),
-                             seed=key.get("graph_seed", SYNTHETIC_GRAPH_SEED))
+        graph = load_dataset(key["dataset"], _config_root(config), **_graph_options(key))
         clients = [files.load_subgraph_file(folder / f"client_{i}.pt")
                    for i in range(int(manifest["num_clients"]))]
         manifest["diagnostics"] = noniid.partition_diagnostics(

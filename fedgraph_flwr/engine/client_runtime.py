@@ -92,9 +92,9 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
 
     key: tuple
     if identity.source == "cache":
-        key = ("cache", str(data_root(config)), config["dataset"], config["partition"],
-               int(config["num-clients"]), int(config["split-seed"]),
-               int(config["partition-seed"]), identity.partition_id)
+        # everything that names the partition build (split draw, METIS build, features, ...)
+        key = ("cache", str(data_root(config)),
+               partition.cache_name(partition.cache_key(config)), identity.partition_id)
     else:
         p = Path(identity.path)
         if identity.source == "dir":
