@@ -332,10 +332,10 @@ def test_evaluate_before_train_reports_the_received_model():
 
 # --- runs -----------------------------------------------------------------------------------
 def test_federation_learns_and_uses_the_alignment(tmp_path, synthetic_root):
-    """Eight rounds on SBM (5 classes), 3 clients: better than chance, the training loss
+    """Six rounds on SBM (5 classes), 3 clients: better than chance, the training loss
     falls, the server aligns every client's centroids, uploads stay the same size, and the
     live and the restored (client-state=file) trainers agree."""
-    cfg = {"algorithm": "fedlit", "dataset": "SBM", "num-clients": 3, "rounds": 8, "hidden": 16,
+    cfg = {"algorithm": "fedlit", "dataset": "SBM", "num-clients": 3, "rounds": 6, "hidden": 16,
            "data-root": str(synthetic_root), "output-dir": str(tmp_path), "verbose": False}
     live = run_federation(dict(cfg, **{"run-name": "live"}), write=False)
     assert live["final"]["test_at_best_val"] > 30  # chance: 20
@@ -351,11 +351,11 @@ def test_federation_learns_and_uses_the_alignment(tmp_path, synthetic_root):
     assert round_metrics(live) == round_metrics(restored)
 
 
-def test_inprocess_resume_matches_uninterrupted(tmp_path, synthetic_root):
+def test_inprocess_resume_matches_uninterrupted(tmp_path, data_root):
     """Stop after round 2, resume to 4: the server's centres and maps come back from the
-    checkpoint, so rounds 3-4 equal an uninterrupted run's."""
-    cfg = {"algorithm": "fedlit", "dataset": "SBM", "num-clients": 3, "rounds": 4, "hidden": 16,
-           "data-root": str(synthetic_root), "output-dir": str(tmp_path), "verbose": False,
+    checkpoint, so rounds 3-4 equal an uninterrupted run's (Cora: 3 sparse METIS clients)."""
+    cfg = {"algorithm": "fedlit", "dataset": "Cora", "num-clients": 3, "rounds": 4, "hidden": 16,
+           "data-root": str(data_root), "output-dir": str(tmp_path), "verbose": False,
            "client-state": "file"}
     full = run_federation(dict(cfg, **{"run-name": "full",
                                        "client-state-dir": str(tmp_path / "s-full")}))
