@@ -6,6 +6,7 @@ from . import (
     fedavg,
     fedgta,
     fediih,
+    fedlit,
     fedper,
     fedprox,
     fedpub,
@@ -32,6 +33,7 @@ register("fediih", fediih.FedIIHTrainer, fediih.FedIIHAggregator, fediih.FedIIHO
 register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, fedspray.FedSprayOptions)
 register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
+register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
