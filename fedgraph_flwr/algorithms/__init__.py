@@ -4,6 +4,7 @@ from . import (
     apfl,
     fedaux,
     fedavg,
+    fedgnn,
     fedgta,
     fediih,
     fedper,
@@ -32,6 +33,7 @@ register("fediih", fediih.FedIIHTrainer, fediih.FedIIHAggregator, fediih.FedIIHO
 register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, fedspray.FedSprayOptions)
 register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
+register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
