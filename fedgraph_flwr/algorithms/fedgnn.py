@@ -225,7 +225,13 @@ def match_expansion(uploads: dict[int, Arrays], hidden: int) -> tuple[dict[int, 
     keys = requester * u_count + u
     pos = np.clip(np.searchsorted(held, keys), 0, held.size - 1)
     foreign = held[pos] != keys
-    triples = np.unique(np.stack([requester[foreign], u[foreign], v[foreign]], axis=1), axis=0)
+    requester, u, v = requester[foreign], u[foreign], v[foreign]
+    # Distinct (requester, u, v), sorted in that order (lexsort: last key first).
+    order = np.lexsort((v, u, requester))
+    requester, u, v = requester[order], u[order], v[order]
+    first = np.ones(requester.size, dtype=bool)
+    first[1:] = (np.diff(requester) != 0) | (np.diff(u) != 0) | (np.diff(v) != 0)
+    triples = np.stack([requester[first], u[first], v[first]], axis=1)
     bounds = np.searchsorted(triples[:, 0], np.arange(len(ids) + 1))
     for i, c in enumerate(ids):  # a loop over clients only
         rows = triples[bounds[i]:bounds[i + 1]]
@@ -366,7 +372,8 @@ class FedGNNTrainer(SupervisedTrainer):
                     for p in params:
                         p.add_(self._laplace(p, scale))
             loss_value = float(loss.detach())
-        return {"train_loss": loss_value}
+        return {"train_loss": loss_value, "virtual_nodes": float(self.virtual.size(0)),
+                "virtual_edges": float(self.virtual_edges.size(1))}
 
     def local_state(self) -> dict[str, Any]:
         return {**super().local_state(), "virtual": self.virtual,
