@@ -200,7 +200,7 @@ def test_ldp_modes_perturb_training():
 # --- federations -------------------------------------------------------------------------------
 def _run(tmp_path, synthetic_root, **extra) -> dict:
     return run_federation({
-        "algorithm": "fedgnn", "dataset": "SBM", "num-clients": 5, "rounds": 4, "hidden": 16,
+        "algorithm": "fedgnn", "dataset": "SBM", "num-clients": 5, "rounds": 3, "hidden": 16,
         "partition": "metis-overlapping", "local-epochs": 5, "data-root": str(synthetic_root),
         "output-dir": str(tmp_path), "verbose": False, **extra}, write=False)
 
@@ -229,10 +229,21 @@ def test_disjoint_federation_has_no_expansion_and_is_fedavg(tmp_path, synthetic_
     assert round_metrics(on) == round_metrics(off)
 
 
+def test_state_files_keep_the_expansion_between_phases(tmp_path, synthetic_root):
+    """client-state=file: each phase restores the trainer from the file the previous phase
+    wrote, so the virtual neighbours must survive in the local state."""
+    short = {"rounds": 2, "local-epochs": 1}
+    live = _run(tmp_path, synthetic_root, **short, **{"run-name": "live"})
+    restored = _run(tmp_path, synthetic_root, **short, **{
+        "run-name": "restored", "client-state": "file",
+        "client-state-dir": str(tmp_path / "state")})
+    assert round_metrics(live) == round_metrics(restored)
+
+
 @pytest.mark.simulation
 def test_flower_simulation_smoke_matches_inprocess(tmp_path, data_root):
     flower = simulation_equals_in_process(
-        {"algorithm": "fedgnn", "dataset": "Cora", "num-clients": 5, "rounds": 2, "hidden": 16,
+        {"algorithm": "fedgnn", "dataset": "Cora", "num-clients": 5, "rounds": 1, "hidden": 16,
          "partition": "metis-overlapping", "data-root": str(data_root)},
         tmp_path, num_supernodes=5)
     assert all(r["aggregate"]["embed.virtual_nodes"] > 0 for r in flower["rounds"])
