@@ -51,7 +51,11 @@ public graph are dictionary-attackable whoever holds the key, in the original to
 What leaves a client each round: the ``embed`` reply above (per node: the published
 leak, named in ``per_node_arrays``; a test lists this algorithm as an exemption), and
 every model parameter (conv1 h·d + h, conv2 h² + h, clsif C·h + C). The server learns,
-per client, which (hashed) nodes and edges it holds and their embeddings.
+per client, which (hashed) nodes and edges it holds and their embeddings. What a client
+receives: the global model twice (``embed`` and ``train`` requests; once with
+``fedgnn-embed-model=local``) and its expansion, 4mh + 16k bytes. Measured on Cora, 10
+overlapping clients of ~620 nodes (h = 128): ~410 virtual nodes and ~850 links per client
+per round; on the disjoint partition none.
 
 Choices where the sources are silent or differ (all [I] unless marked):
 
