@@ -20,7 +20,12 @@ NUM_FEATURES, NUM_CLASSES = 12, 3
 #: Baselines whose published protocol itself sends per-node values, and so may name
 #: arrays in ``ClientTrainer.per_node_arrays``; README's algorithm table marks each.
 #: Every other algorithm must keep that set empty.
-PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset()
+PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset({
+    # FedGNN (Wu et al. 2021; FED-PUB's subgraph adaptation, spec baselines.md §2.2): its
+    # graph expansion sends the trusted matcher every node's hashed id, its hashed edges
+    # and its embedding, so that clients holding the same node can exchange neighbours.
+    "fedgnn",
+})
 
 
 def _graph(n: int, seed: int) -> Data:
@@ -33,8 +38,9 @@ def _graph(n: int, seed: int) -> Data:
     masks[0][perm[: n // 3]] = True
     masks[1][perm[n // 3: 2 * n // 3]] = True
     masks[2][perm[2 * n // 3:]] = True
+    # global_id: what the partition cache gives every client (FedGNN hashes it).
     return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
-                test_mask=masks[2])
+                test_mask=masks[2], global_id=torch.arange(n))
 
 
 def _config(algorithm: str) -> dict:

@@ -4,6 +4,7 @@ from . import (
     apfl,
     fedaux,
     fedavg,
+    fedgnn,
     fedgta,
     fediih,
     fedlit,
@@ -34,6 +35,7 @@ register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, feds
 register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
 register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitOptions)
+register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
