@@ -9,6 +9,7 @@ from . import (
     fedper,
     fedprox,
     fedpub,
+    fedsage,
     fedspray,
     fedstar,
     gcfl,
@@ -32,6 +33,7 @@ register("fediih", fediih.FedIIHTrainer, fediih.FedIIHAggregator, fediih.FedIIHO
 register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, fedspray.FedSprayOptions)
 register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
+register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.FedSageOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
