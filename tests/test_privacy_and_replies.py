@@ -20,7 +20,13 @@ NUM_FEATURES, NUM_CLASSES = 12, 3
 #: Baselines whose published protocol itself sends per-node values, and so may name
 #: arrays in ``ClientTrainer.per_node_arrays``; README's algorithm table marks each.
 #: Every other algorithm must keep that set empty.
-PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset()
+PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset({
+    # FedSage+ (Zhang et al. 2021): in its generator rounds client m sends the neighbour
+    # features its NeighGen generated for its training nodes, via the server, to every
+    # other client j, and j sends back the gradients of its feature-matching loss for each
+    # of them (spec baselines.md §1.3): per-node vectors by the paper's own protocol.
+    "fedsage",
+})
 
 
 def _graph(n: int, seed: int) -> Data:

@@ -345,8 +345,9 @@ def mended_data(data: Data, anchors: torch.Tensor, leaves: torch.Tensor) -> Data
 class GeneratorPass:
     """One NeighGen forward on the impaired graph, with its local losses."""
 
-    generated: torch.Tensor  # [n', P, d]
-    slots: torch.Tensor  # [n'] counted slots per node
+    rows: torch.Tensor  # [k] impaired-graph ids that fGen ran on (train ∪ mended)
+    generated: torch.Tensor  # [k, P, d]
+    slots: torch.Tensor  # [k] counted slots per row (0 where ñ = 0)
     degree_loss: torch.Tensor
     feat_loss: torch.Tensor
     class_loss: torch.Tensor
@@ -424,24 +425,30 @@ class FedSageTrainer(SupervisedTrainer):
             total = self._local_loss(out)
             total.backward()
             self.gen_optimizer.step()
-            losses = {"pretrain_loss": float(total), "pretrain_degree_loss": float(out.degree_loss),
-                      "pretrain_feat_loss": float(out.feat_loss),
-                      "pretrain_class_loss": float(out.class_loss)}
+            losses = {"pretrain_loss": total.item(), "pretrain_degree_loss": out.degree_loss.item(),
+                      "pretrain_feat_loss": out.feat_loss.item(),
+                      "pretrain_class_loss": out.class_loss.item()}
         return losses
 
     def _generator_pass(self) -> GeneratorPass:
         assert self.neighgen is not None
         g, opts = self.impaired, self.options
-        degree, generated = self.neighgen(g.x, g.edge_index)
-        counts = slot_counts(degree, opts.num_pred)
-        owner, leaves = generated_leaves(counts, generated)
-        x, edge_index = attach_leaves(g.x, g.edge_index, owner, leaves)
-        logits = self.neighgen.classifier(x, edge_index)[: g.x.size(0)]
         train = g.train_mask
-        feat = greedy_feature_loss(generated[train], g.targets[train], counts[train],
-                                   g.missing[train], opts.greedy_match)
+
+        def used(degree: torch.Tensor) -> torch.Tensor:  # rows whose ĝ any loss reads
+            return (train | (slot_counts(degree, opts.num_pred) > 0)).nonzero().view(-1)
+
+        degree, rows, generated = self.neighgen(g.x, g.edge_index, used)
+        counts = slot_counts(degree[rows], opts.num_pred)
+        owner, leaves = generated_leaves(counts, generated)
+        x, edge_index = attach_leaves(g.x, g.edge_index, rows[owner], leaves)
+        logits = self.neighgen.classifier(x, edge_index)[: g.x.size(0)]
+        on_train = train[rows]
+        tr = rows[on_train]
+        feat = greedy_feature_loss(generated[on_train], g.targets[tr], counts[on_train],
+                                   g.missing[tr], opts.greedy_match)
         return GeneratorPass(
-            generated=generated, slots=counted_slots(counts, g.missing),
+            rows=rows, generated=generated, slots=counted_slots(counts, g.missing[rows]),
             degree_loss=F.smooth_l1_loss(degree[train], g.missing[train].to(degree.dtype)),
             feat_loss=feat.sum() / max(feat.numel(), 1),
             class_loss=F.cross_entropy(logits[train], g.y[train]))
@@ -472,7 +479,7 @@ class FedSageTrainer(SupervisedTrainer):
 
     def _sent_rows(self, out: GeneratorPass) -> torch.Tensor:
         """The impaired graph's training nodes with a counted slot (what gen_send sends)."""
-        return (self.impaired.train_mask & (out.slots > 0)).nonzero().view(-1)
+        return (self.impaired.train_mask[out.rows] & (out.slots > 0)).nonzero().view(-1)
 
     # --- phases -----------------------------------------------------------------------------
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
@@ -501,7 +508,7 @@ class FedSageTrainer(SupervisedTrainer):
         arrays = {VECTORS: vectors.cpu().numpy().astype(np.float32),
                   SLOTS: slots.cpu().numpy().astype(np.int64)}
         if self.options.cross_targets == "random":
-            missing = self.impaired.missing[rows].clamp(max=self.options.num_pred)
+            missing = self.impaired.missing[out.rows[rows]].clamp(max=self.options.num_pred)
             arrays[TRUE_COUNTS] = missing.cpu().numpy().astype(np.int64)
         self.neighgen.requires_grad_(True)
         return PhaseReply(arrays=arrays, metrics={
@@ -525,7 +532,7 @@ class FedSageTrainer(SupervisedTrainer):
         (grads,) = torch.autograd.grad(per_slot.sum(), vectors)
         counted = max(int(slots.clamp(max=self.options.num_pred).sum()), 1)
         return PhaseReply(arrays={GRADS: grads.cpu().numpy().astype(np.float32)},
-                          metrics={"cross_feat_loss": float(per_slot.sum()) / counted})
+                          metrics={"cross_feat_loss": per_slot.sum().item() / counted})
 
     def _generator_step(self, arrays: Arrays) -> PhaseReply:
         """Client m: recompute gen_send's forward and take one Adam step with the relayed
@@ -572,14 +579,15 @@ class FedSageTrainer(SupervisedTrainer):
         self.neighgen.eval()
         with torch.no_grad():
             if self.options.mend_input == "impaired":
-                g = self.impaired
-                degree, generated = self.neighgen(g.x, g.edge_index)
-                owner, leaves = generated_leaves(slot_counts(degree, self.options.num_pred), generated)
-                anchors = g.keep[owner]
+                graph, keep = self.impaired, self.impaired.keep
             else:
-                degree, generated = self.neighgen(self.data.x, self.data.edge_index)
-                anchors, leaves = generated_leaves(slot_counts(degree, self.options.num_pred),
-                                                   generated)
+                graph, keep = self.data, None
+            num_pred = self.options.num_pred
+            degree, rows, generated = self.neighgen(
+                graph.x, graph.edge_index,
+                lambda d: (slot_counts(d, num_pred) > 0).nonzero().view(-1))
+            owner, leaves = generated_leaves(slot_counts(degree[rows], num_pred), generated)
+            anchors = rows[owner] if keep is None else keep[rows[owner]]
         self.mended = mended_data(self.data, anchors, leaves)
         # The generator's work is done: free it (fGen alone is 2048·P·d floats).
         self.neighgen = self.gen_optimizer = self.fed_optimizer = None

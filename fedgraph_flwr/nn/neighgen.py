@@ -25,6 +25,7 @@ Dropout (``dropout``) follows the first layer of each GNN and the 2048-wide laye
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +129,16 @@ class NeighGen(nn.Module):
         for module in (self.encoder, self.dgen, self.fgen, self.classifier):
             module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, d], edge_index [2, m] -> (n̂ [n] >= 0, ĝ [n, P, d])."""
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                rows: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [n, d], edge_index [2, m] -> (n̂ [n] >= 0, node ids r [k], ĝ [k, P, d]).
+
+        fGen, by far the largest part, runs on the nodes ``rows(n̂)`` picks (ids [k]; all
+        n when None): those whose generated features are used.
+        """
         z = self.encoder(x, edge_index)
-        return F.relu(self.dgen(z)).view(-1), self.fgen(z)
+        degree = F.relu(self.dgen(z)).view(-1)
+        ids = (torch.arange(x.size(0), device=x.device) if rows is None
+               else rows(degree.detach()))
+        return degree, ids, self.fgen(z[ids])
