@@ -567,8 +567,8 @@ class FedSageTrainer(SupervisedTrainer):
         optimizer.step()
         self.neighgen.requires_grad_(True)
         self.gen_seed = None
-        self.gen_loss = float(local)
-        return PhaseReply(metrics={"local_loss": float(local), "contributors": float(contributors)})
+        self.gen_loss = local.item()
+        return PhaseReply(metrics={"local_loss": self.gen_loss, "contributors": float(contributors)})
 
     # --- the classifier -----------------------------------------------------------------------
     def _ensure_mended(self) -> dict[str, float]:
