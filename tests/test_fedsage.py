@@ -255,9 +255,9 @@ def test_short_federation_relays_mends_and_learns(tmp_path, synthetic_root):
     graph is then mended with generated leaves, the classifier learns, and the best
     round is a classifier round."""
     results = run_federation({
-        "algorithm": "fedsage", "dataset": "SBM", "num-clients": 3, "rounds": 6,
-        "fedsage-gen-rounds": 2, "fedsage-pretrain-epochs": 30, "fedsage-gen-lr": 0.02,
-        "fedsage-fgen-hidden": 16, "fedsage-fgen-width": 64, "lr": 0.01,
+        "algorithm": "fedsage", "dataset": "SBM", "num-clients": 3, "rounds": 5,
+        "fedsage-gen-rounds": 2, "fedsage-pretrain-epochs": 20, "fedsage-gen-lr": 0.02,
+        "fedsage-fgen-hidden": 16, "fedsage-fgen-width": 32, "lr": 0.01,
         "data-root": str(synthetic_root), "output-dir": str(tmp_path), "verbose": False},
         write=False)
     rounds = results["rounds"]
