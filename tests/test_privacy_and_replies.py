@@ -25,6 +25,11 @@ PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset({
     # graph expansion sends the trusted matcher every node's hashed id, its hashed edges
     # and its embedding, so that clients holding the same node can exchange neighbours.
     "fedgnn",
+    # FedSage+ (Zhang et al. 2021): in its generator rounds client m sends the neighbour
+    # features its NeighGen generated for its training nodes, via the server, to every
+    # other client j, and j sends back the gradients of its feature-matching loss for each
+    # of them (spec baselines.md §1.3): per-node vectors by the paper's own protocol.
+    "fedsage",
 })
 
 

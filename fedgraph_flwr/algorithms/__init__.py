@@ -11,6 +11,7 @@ from . import (
     fedper,
     fedprox,
     fedpub,
+    fedsage,
     fedspray,
     fedstar,
     gcfl,
@@ -36,6 +37,7 @@ register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAO
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
 register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitOptions)
 register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
+register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.FedSageOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 
