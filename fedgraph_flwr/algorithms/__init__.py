@@ -1,6 +1,7 @@
 """Algorithms: each a client trainer plus a server aggregator, registered by name."""
 
 from . import (
+    adafgl,
     apfl,
     fedaux,
     fedavg,
@@ -32,6 +33,7 @@ register("fediih", fediih.FedIIHTrainer, fediih.FedIIHAggregator, fediih.FedIIHO
 register("fedspray", fedspray.FedSprayTrainer, fedspray.FedSprayAggregator, fedspray.FedSprayOptions)
 register("fedgta", fedgta.FedGTATrainer, fedgta.FedGTAAggregator, fedgta.FedGTAOptions)
 register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.FedStarOptions)
+register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 

@@ -42,9 +42,9 @@ class HeteroPropagation(nn.Module):
         self.propagation.reset_parameters()
 
     def forward(self, x: torch.Tensor, x_smooth: torch.Tensor, row: torch.Tensor,
-                col: torch.Tensor, prior: torch.Tensor, prior_total: float
+                col: torch.Tensor, prior: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         z_smooth = self.smooth(x_smooth, self.prelu)
         z_local = self.local(x, self.prelu)
-        z_prop = self.propagation(x_smooth, row, col, prior, prior_total)
+        z_prop = self.propagation(x_smooth, row, col, prior)
         return z_local, z_smooth, z_prop

@@ -1,8 +1,8 @@
 """AdaFGL's learnable signed message passing (official ``HetePropagateLayer``), on a sparse support.
 
 Input: smoothed features X_s [n, D] and a fixed set Ω of ordered off-diagonal node pairs
-(i, j) with a prior S_ij ∈ {0, 1} on each (the thresholded similarity graph of the global
-model's predictions). Per forward::
+(i, j), each once, holding every prior edge, with a prior S_ij ∈ {0, 1} on each (the
+thresholded similarity graph of the global model's predictions). Per forward::
 
     e     = MLP(X_s)                                        [n, C]   (3 layers, PReLU)
     u_i   = softmax(e_i) / ‖softmax(e_i)‖                   cosine form of getre(e)
@@ -36,11 +36,10 @@ EPS = 1e-12  # floors μ and M − μ (the code divides by them unguarded)
 
 
 def signed_relation(e: torch.Tensor, row: torch.Tensor, col: torch.Tensor, prior: torch.Tensor,
-                    prior_total: float, beta: float) -> torch.Tensor:
-    """R'_ij on the pairs (row, col) [m] (off-diagonal), from logits e [n, C] -> [m].
+                    beta: float) -> torch.Tensor:
+    """R'_ij on the pairs (row, col) [m] (off-diagonal, each once), from logits e [n, C] -> [m].
 
-    ``prior`` [m]: S on those pairs; ``prior_total``: Σ S over all n² entries (equal to
-    ``prior.sum()`` when the pairs hold every prior edge).
+    ``prior`` [m]: S on those pairs; Ω must hold every prior edge (S is 0 elsewhere).
     """
     n = e.size(0)
     probs = F.softmax(e, dim=1)
@@ -48,7 +47,7 @@ def signed_relation(e: torch.Tensor, row: torch.Tensor, col: torch.Tensor, prior
     cos = (u[row] * u[col]).sum(dim=1)  # [m]
     relation = beta * prior + (1.0 - beta) * cos
     total_cos = u.sum(dim=0).square().sum() - u.square().sum()  # Σ_{i≠j} u_i·u_j
-    mean = (beta * prior_total + (1.0 - beta) * total_cos) / (n * n)
+    mean = (beta * prior.sum() + (1.0 - beta) * total_cos) / (n * n)
     peak = relation.max().clamp_min(0.0) if relation.numel() else relation.new_zeros(())
     centred = relation - mean
     return torch.where(centred > 0, centred / (peak - mean).clamp_min(EPS),
@@ -84,7 +83,7 @@ class SignedPropagation(nn.Module):
         self.prelu.reset_parameters()
 
     def forward(self, x_smooth: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
-                prior: torch.Tensor, prior_total: float) -> torch.Tensor:
+                prior: torch.Tensor) -> torch.Tensor:
         e = self.mlp(x_smooth, self.prelu)  # [n, C]
-        relation = signed_relation(e, row, col, prior, prior_total, self.beta)  # [m]
+        relation = signed_relation(e, row, col, prior, self.beta)  # [m]
         return signed_propagate(e, row, col, relation, self.prelu)
