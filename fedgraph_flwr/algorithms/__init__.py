@@ -1,6 +1,7 @@
 """Algorithms: each a client trainer plus a server aggregator, registered by name."""
 
 from . import (
+    adafgl,
     apfl,
     fedaux,
     fedavg,
@@ -38,6 +39,7 @@ register("fedstar", fedstar.FedStarTrainer, fedstar.FedStarAggregator, fedstar.F
 register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitOptions)
 register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
 register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.FedSageOptions)
+register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLOptions)
 register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
          phase_demo.PhaseDemoOptions)
 

@@ -41,12 +41,14 @@ GATE_LAYOUTS = ("node", "code")
 
 
 def normalized_adjacency(edge_index: torch.Tensor, num_nodes: int, r: float = 0.5,
-                         self_loops: bool = True) -> torch.Tensor:
+                         self_loops: bool = True,
+                         edge_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Â = D̃^(r−1) Ãᵀ D̃^(−r) as a sparse CSR [n, n] float32 tensor (official code's
     ``adj_to_symmetric_norm``): Ã = A + I (``self_loops``), D̃ its row sums; a zero degree
-    gets a zero factor. A[u, v] = multiplicity of (u, v) in ``edge_index``; for an
-    undirected graph and r = 0.5 this is D̃^(−1/2) Ã D̃^(−1/2). ``y = Â x`` sends x_u along
-    each edge u -> v with weight d̃_v^(r−1) d̃_u^(−r).
+    gets a zero factor. A[u, v] = multiplicity of (u, v) in ``edge_index`` (or the sum of
+    their ``edge_weight`` [m], e.g. AdaFGL's rewired graph); for an undirected graph and
+    r = 0.5 this is D̃^(−1/2) Ã D̃^(−1/2). ``y = Â x`` sends x_u along each edge u -> v
+    with weight d̃_v^(r−1) d̃_u^(−r).
     """
     if not 0.0 <= r <= 1.0:
         raise ValueError(f"r must be in [0, 1], got {r}")
@@ -55,9 +57,14 @@ def normalized_adjacency(edge_index: torch.Tensor, num_nodes: int, r: float = 0.
         loop = torch.arange(num_nodes, device=edge_index.device)
         src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
     weight = torch.ones(src.numel(), dtype=torch.float32, device=edge_index.device)
+    if edge_weight is not None:
+        if edge_weight.shape != (edge_index.size(1),):
+            raise ValueError(f"edge_weight has shape {tuple(edge_weight.shape)}, expected "
+                             f"[{edge_index.size(1)}]")
+        weight[: edge_weight.numel()] = edge_weight.to(torch.float32)
     degree = torch.zeros(num_nodes, dtype=torch.float32, device=edge_index.device)
     degree.index_add_(0, src, weight)  # row sums of Ã
-    safe = degree.clamp(min=1.0)
+    safe = torch.where(degree > 0, degree, torch.ones_like(degree))  # weights may be < 1
     left = torch.where(degree > 0, safe.pow(r - 1.0), torch.zeros_like(degree))
     right = torch.where(degree > 0, safe.pow(-r), torch.zeros_like(degree))
     values = left[dst] * weight * right[src]
