@@ -175,8 +175,10 @@ def resolve_config(
             if owners.get(key, algo.name) != algo.name:
                 raise ConfigError(f"{where}{key} is an option of {owners[key]}, not of "
                                   f"algorithm={algo.name}")
-    config.update(algo.options.from_config(config).to_config())
+    options = algo.options.from_config(config)
+    config.update(options.to_config())
     validate(config)
+    options.check_run(config)
     return config
 
 

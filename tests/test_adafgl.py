@@ -25,7 +25,7 @@ from fedgraph_flwr.algorithms.adafgl import (
     smoothed_features,
 )
 from fedgraph_flwr.algorithms.base import ClientUpdate
-from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.config import ConfigError, resolve_config
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.chebnet import ChebNet, chebyshev_terms
 from fedgraph_flwr.nn.gamlp import normalized_adjacency
@@ -323,3 +323,10 @@ def test_flower_simulation_smoke_matches_inprocess(tmp_path, data_root):
                                   "rounds": 3, "hidden": 16, "data-root": str(data_root),
                                   "adafgl-rounds-step1": 1, "adafgl-epochs": 5},
                                  tmp_path, num_supernodes=3)
+
+
+def test_a_run_too_short_for_step_2_is_refused_before_any_client():
+    with pytest.raises(ConfigError, match=r"rounds=100 leaves no room for AdaFGL's step 2: it "
+                       r"needs rounds >= 102 .*set rounds=102 or adafgl-rounds-step1=98"):
+        resolve_config(None, {"algorithm": "adafgl", "adafgl-rounds-step1": 100})
+    assert resolve_config(None, {"algorithm": "adafgl"})["adafgl-rounds-step1"] == 98

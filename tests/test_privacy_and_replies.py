@@ -50,7 +50,7 @@ def _graph(n: int, seed: int) -> Data:
 
 def _config(algorithm: str) -> dict:
     cfg = resolve_config(None, {"algorithm": algorithm, "hidden": 8, "num-clients": 2,
-                                "dataset": "SBM", "rounds": 2})
+                                "dataset": "SBM"})
     cfg.update({"server-round": 1, "num-classes-global": NUM_CLASSES,
                 "num-features-global": NUM_FEATURES, "run-name": "privacy"})
     return cfg

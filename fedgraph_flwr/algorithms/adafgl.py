@@ -65,7 +65,10 @@ being what produced the paper's numbers; spec §4.4):
 - ``adafgl-fresh-optimizer``: true [C] (new Adam each round) | false (persisting).
 - ``adafgl-combine``: switch [C] | soft [O].
 - ``adafgl-alpha``: 0.05 [C] ([O] 0.5); ``adafgl-beta``: 0.2 [C] ([O] 0).
-- ``adafgl-rounds-step1``: 100 [C] ([O] ``num_rounds_vanilla`` 50).
+- ``adafgl-rounds-step1``: 100 [C] ([O] ``num_rounds_vanilla`` 50). The option's default
+  is 98, so that the engine's default ``rounds=100`` holds step 1, the round that scores
+  its last model and step 2; ``configs/adafgl/`` run the code's 100 with ``rounds: 102``.
+  A ``rounds`` too small for step 2 is refused before any client is contacted.
 - ``adafgl-extractor``: chebnet [C] | gcn (FedIIH, probably).
 - ``adafgl-lp-train-boost``: true [C] (F[seed] += F⁰[seed] after each LP step, as
   FedGTA's code) | false (the plain recursion).
@@ -82,7 +85,7 @@ adapter: every model here emits C = 2 logits, so P_g and LP have two columns (sp
 from __future__ import annotations
 
 import math
-import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +104,7 @@ from ..nn.gcn import GCN
 from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Config, Phase, PhaseReply
 from .fedgta import label_propagation
 from .mixing import average
-from .options import Options, option
+from .options import ConfigError, Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
 
 EXTRACT = Phase("extract")
@@ -120,8 +123,9 @@ GLOBAL_VAL, GLOBAL_TEST = "global_val_metric", "global_test_metric"
 class AdaFGLOptions(Options, prefix="adafgl"):
     """AdaFGL's knobs (``adafgl-*``); defaults = the official code's ``config.py``."""
 
-    rounds_step1: int = option(100, "R1: federated rounds of the knowledge extractor (code 100, "
-                               "OpenFGL 50); run rounds >= R1+2 (best) or R1+1 (final)", low=1)
+    rounds_step1: int = option(98, "R1: federated rounds of the knowledge extractor (code 100 "
+                               "with rounds=102, as configs/adafgl; OpenFGL 50); rounds must be "
+                               ">= R1+2 (best) or R1+1 (final): 98 fits the default 100", low=1)
     extractor: str = option("chebnet", "step-1 model: chebnet (code, K = cheb-k) | gcn (the "
                             "project's GCN, num-layers; FedIIH)", choices=EXTRACTORS)
     cheb_k: int = option(2, "ChebNet's K (Chebyshev terms per layer)", low=1)
@@ -163,6 +167,16 @@ class AdaFGLOptions(Options, prefix="adafgl"):
         """The smallest ``rounds`` that runs every step-2 epoch."""
         extra = 0 if self.schedule == "one-round" else self.epochs - 1
         return self.delivery_round + extra
+
+    def check_run(self, config: Mapping[str, Any]) -> None:
+        """Step 2 must fit in the run: otherwise no round would be scored."""
+        rounds, needed = int(config["rounds"]), self.rounds_needed()
+        if rounds < needed:
+            raise ConfigError(
+                f"rounds={rounds} leaves no room for AdaFGL's step 2: it needs rounds >= {needed} "
+                f"(adafgl-rounds-step1={self.rounds_step1}, adafgl-checkpoint={self.checkpoint}, "
+                f"adafgl-schedule={self.schedule}); set rounds={needed} or "
+                f"adafgl-rounds-step1={self.rounds_step1 - (needed - rounds)}")
 
 
 # --- client maths -----------------------------------------------------------------------
@@ -559,12 +573,6 @@ class AdaFGLAggregator(Aggregator):
         self.best_score = -math.inf
         self.best_round = 0
         self.delivered: set[int] = set()
-        rounds = int(config.get("rounds", 0) or 0)
-        if 0 < rounds < self.options.rounds_needed():
-            warnings.warn(f"adafgl: rounds={rounds} < {self.options.rounds_needed()} "
-                          f"(adafgl-rounds-step1={self.options.rounds_step1}, checkpoint "
-                          f"{self.options.checkpoint}, schedule {self.options.schedule}): "
-                          f"step 2 will not complete", stacklevel=2)
 
     def chosen(self) -> Arrays:
         """The extractor step 2 starts from."""

@@ -145,6 +145,10 @@ class Options:
     def check(self) -> None:
         """Checks beyond one field's choices or range; raise :meth:`invalid` to refuse."""
 
+    def check_run(self, config: Mapping[str, Any]) -> None:
+        """Checks against the run's common keys (e.g. ``rounds``), made by ``resolve_config``
+        before any client is contacted; raise :class:`ConfigError` to refuse."""
+
     def invalid(self, name: str, why: str) -> ConfigError:
         """The one-line error for field ``name``: ``<key>=<value> is invalid: <why>``."""
         return ConfigError(f"{self.key(name)}={_show(getattr(self, name))} is invalid: {why}")
