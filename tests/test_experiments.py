@@ -23,6 +23,8 @@ from fedgraph_flwr.experiments import (
     write_tables,
 )
 
+from conftest import NO_DATASETS
+
 
 def _spec(tmp_path):
     return {
@@ -131,6 +133,9 @@ def test_a_paper_key_that_names_no_cell_is_an_error(tmp_path, capsys):
                          ids=lambda p: p.stem)
 def test_shipped_grids_load_and_their_paper_keys_name_cells(path, monkeypatch):
     monkeypatch.chdir(path.parent.parent.parent)  # their config-file paths are from the repo root
+    folder = (yaml.safe_load(path.read_text()).get("base") or {}).get("partition-dir")
+    if folder and not Path(folder).is_dir():  # the reference client files live in ../shared
+        pytest.skip(f"{path.name}: its partition-dir {folder} is not here ({NO_DATASETS})")
     load_grid(path)  # raises on a bad run config or a paper key that names no cell
 
 
