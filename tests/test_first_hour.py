@@ -279,6 +279,7 @@ def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run
 def test_fedgraph_run_checks_the_federation_size_and_the_data_root_before_submitting(
         tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))  # no config.toml: the local SuperLink
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached partitions either
     root = str(Path(__file__).resolve().parents[1])
     error = fedgraph_run.config_error(
         [root, "--run-config", "num-clients=10", "--federation-config", "num-supernodes=5"])
