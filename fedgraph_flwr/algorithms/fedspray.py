@@ -281,6 +281,13 @@ class FedSprayTrainer(ClientTrainer):
         metrics = self.train_gnn(epochs, teacher_log_p, kd_mask)
         metrics.update(self.train_encoder(epochs))
         metrics["kd_fraction"] = float(kd_mask.float().mean())
+        # How good the teacher this round's KD used was (the mechanism behind FedSpray's
+        # minority accuracy: docs/results/fedspray.md).
+        teacher = teacher_log_p.argmax(dim=1)
+        for split in ("val", "test"):
+            mask = getattr(self.data, f"{split}_mask")
+            hits = (teacher[mask] == self.data.y[mask]).float()
+            metrics[f"teacher_{split}_acc"] = float(hits.mean()) if hits.numel() else float("nan")
         return metrics
 
     # --- evaluation (the personalized GNN only) -------------------------------------------
@@ -291,9 +298,15 @@ class FedSprayTrainer(ClientTrainer):
         Minority = test nodes whose label is not the client's majority *training* class.
         """
         self.gnn.eval()
-        # The same figures as SupervisedTrainer (bit-equal to Local when λ1 = 0).
-        return evaluation_metrics(self.gnn(self.data.x, self.data.edge_index), self.data,
-                                  self.metric)
+        logits = self.gnn(self.data.x, self.data.edge_index)
+        # The same figures as SupervisedTrainer (bit-equal to Local when λ1 = 0) ...
+        metrics = evaluation_metrics(logits, self.data, self.metric)
+        # ... and the share of test nodes predicted as the client's majority training class.
+        test = self.data.test_mask
+        majority = int(torch.bincount(self.data.y[self.data.train_mask]).argmax())
+        predicted = (logits[test].argmax(dim=1) == majority).float()
+        metrics["majority_pred_share"] = float(predicted.mean()) if predicted.numel() else float("nan")
+        return metrics
 
     # --- local state ------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:
