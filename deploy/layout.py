@@ -239,6 +239,11 @@ README_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=100 client-state="
                      'output-dir="/srv/fedgraph/outputs" run-name="cora-fedaux"')
 
 
+# The compose walk-through's run: README's, with the container's output folder and 20 rounds.
+COMPOSE_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=20 client-state="file" '
+                      f'output-dir="{CONTAINER_OUTPUTS}"')
+
+
 def readme_commands() -> dict[str, str]:
     """Each command of deploy/README.md, keyed by step; the README must contain each verbatim."""
     addr = f"{README_HOST}:{SUPERLINK_PORT}"
@@ -263,4 +268,7 @@ def readme_commands() -> dict[str, str]:
                                     EXECUTOR_ENV),
         "connection": connection_toml(addr, README_CA_PATH),
         "run": shell(run_cmd(run_config=README_RUN_CONFIG)),
+        "compose-run": shell(run_cmd("..", run_config=COMPOSE_RUN_CONFIG),
+                             {"FLWR_HOME": f"$PWD/{GEN_FLWR_HOME}"}).replace(
+                                 f"'$PWD/{GEN_FLWR_HOME}'", f"$PWD/{GEN_FLWR_HOME}"),
     }
