@@ -35,9 +35,17 @@ def make_key_pair(out: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+def default_out(sub: str) -> Path:
+    """Secrets go outside the checkout: ``$FEDGRAPH_DEPLOY_DIR/<sub>`` (deploy/layout.py)."""
+    root = os.environ.get("FEDGRAPH_DEPLOY_DIR") or "~/fedgraph-deploy"
+    return Path(root).expanduser() / sub
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for the key files")
+    parser.add_argument("--out", type=Path, default=default_out("keys"),
+                        help="folder for the key files (default: $FEDGRAPH_DEPLOY_DIR/keys, else "
+                             "~/fedgraph-deploy/keys: outside the checkout)")
     parser.add_argument("names", nargs="+", help="one name per SuperNode, e.g. supernode-0")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

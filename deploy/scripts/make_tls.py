@@ -116,9 +116,17 @@ def make_server_cert(out: Path, name: str, hosts: list[str], days: int) -> Path:
     return out / f"{name}.pem"
 
 
+def default_out(sub: str) -> Path:
+    """Secrets go outside the checkout: ``$FEDGRAPH_DEPLOY_DIR/<sub>`` (deploy/layout.py)."""
+    root = os.environ.get("FEDGRAPH_DEPLOY_DIR") or "~/fedgraph-deploy"
+    return Path(root).expanduser() / sub
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for ca.* and <name>.*")
+    parser.add_argument("--out", type=Path, default=default_out("tls"),
+                        help="folder for ca.* and <name>.* (default: $FEDGRAPH_DEPLOY_DIR/tls, else "
+                             "~/fedgraph-deploy/tls: outside the checkout)")
     parser.add_argument("--name", default="superlink", help="file stem of the server certificate")
     parser.add_argument("--host", action="append", default=[],
                         help="DNS name or IP address the server is reached at (repeatable)")
