@@ -386,3 +386,39 @@ def test_compose_file_says_which_compose_it_needs(compose, prepared):
     assert env["COMPOSE_PROJECT_NAME"] == "fedgraph-flwr" and env["FEDGRAPH_PUBLISH"] == "127.0.0.1"
     for service in compose["services"].values():
         assert service["logging"]["options"]["max-size"]
+
+
+def test_systemd_units_run_the_readme_commands():
+    """deploy/systemd/: the README's commands (same programs, flags, environment), each
+    parsed by Flower's own parser, stopped by SIGTERM then SIGKILL within 10 s."""
+    units = {p.name: p.read_text() for p in (DEPLOY / "systemd").glob("*.service")}
+    assert set(units) == {"fedgraph-superlink.service", "fedgraph-serverapp.service",
+                          "fedgraph-supernode@.service", "fedgraph-clientapp@.service"}
+    readme = L.readme_commands()
+    expect = {"fedgraph-superlink.service": "superlink",
+              "fedgraph-serverapp.service": "serverapp-executor",
+              "fedgraph-supernode@.service": "supernode",
+              "fedgraph-clientapp@.service": "clientapp-executor"}
+    for name, text in units.items():
+        lines = dict(line.split("=", 1) for line in text.splitlines()
+                     if "=" in line and not line.startswith("#"))
+        cmd = shlex.split(lines["ExecStart"].replace("%i", "0"))
+        cmd[0] = Path(cmd[0]).name
+        ref = shlex.split(readme[expect[name]])
+        env = {}
+        while "=" in ref[0]:
+            key, value = ref.pop(0).split("=", 1)
+            env[key] = value
+        extra = [a for a in cmd if a not in ref]
+        assert extra in ([], ["--health-server-address", f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"]), (
+            name, extra)
+        assert [a for a in ref if a not in cmd] == [], name
+        _parser(cmd[0]).parse_args(cmd[1:])
+        for key, value in env.items():
+            assert f"Environment={key}={value}" in text, (name, key)
+        assert "Environment=FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in text
+        assert lines["KillSignal"] == "SIGTERM" and int(lines["TimeoutStopSec"]) <= 10
+        assert lines["KillMode"] == "control-group" and lines["Restart"] in ("on-failure", "always")
+    logrotate = (DEPLOY / "systemd" / "fedgraph-logrotate").read_text()
+    paths = [line for line in logrotate.split("{")[0].splitlines() if line.startswith("/")]
+    assert "copytruncate" in logrotate and paths and not any("superlink" in p for p in paths)
