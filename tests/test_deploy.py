@@ -209,6 +209,12 @@ def test_supernode_killed_mid_run_is_missing_then_rejoins(deployment):
     second = rounds[1]
     assert sorted(second["clients"]) == ["0", "1"] and not second["void"], second["failures"]
     assert "2" in second["failures"], second["failures"]  # missing (timeout) or unavailable
+    # Each round it missed names why: no reply at all, or Flower's Node Unavailable reply
+    # (sent by the SuperLink, from node 0) recorded for client 2, not as an unknown node.
+    reasons = [r["failures"]["2"] for r in rounds[1:] if "2" in r["failures"]]
+    assert all(x.startswith("missing: no reply before round-timeout")
+               or (x.startswith("error 5: ") and "Node Unavailable" in x) for x in reasons), reasons
+    assert "unknown node" not in output
     assert "client 2" in output  # the server said so while it ran
     assert back < rounds_total, f"client 2 came back only after round {back - 1}"
     last = rounds[-1]
