@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Make one SuperNode authentication key pair (EC P-384, OpenSSH format) per name.
 
-    python deploy/scripts/make_keys.py --out keys supernode-0 supernode-1 supernode-2
+    python deploy/scripts/make_keys.py --out "$FEDGRAPH_DEPLOY_DIR/keys" supernode-0 supernode-1
 
-writes ``keys/<name>`` (private key, mode 0600: stays on that SuperNode's machine,
+writes (``--out`` defaults to ``$FEDGRAPH_DEPLOY_DIR/keys``, else
+``~/fedgraph-deploy/keys``: outside the checkout) ``keys/<name>`` (private key, mode 0600: stays on that SuperNode's machine,
 ``flower-supernode --auth-supernode-private-key``) and ``keys/<name>.pub`` (public
 key: sent to the SuperLink operator, ``flwr supernode register``). Equivalent to
 ``ssh-keygen -t ecdsa -b 384 -N "" -f keys/<name>``. Existing keys are kept.
