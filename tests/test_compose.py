@@ -422,3 +422,29 @@ def test_systemd_units_run_the_readme_commands():
     logrotate = (DEPLOY / "systemd" / "fedgraph-logrotate").read_text()
     paths = [line for line in logrotate.split("{")[0].splitlines() if line.startswith("/")]
     assert "copytruncate" in logrotate and paths and not any("superlink" in p for p in paths)
+
+
+def test_readme_steps_write_secrets_outside_the_checkout(tmp_path):
+    """Steps 1-2 as printed (``--out "$FEDGRAPH_DEPLOY_DIR/..."``) and the scripts'
+    defaults (no ``--out``) write under the deploy dir, never into the repository."""
+    import os
+
+    commands = L.readme_commands()
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "FEDGRAPH_DEPLOY_DIR": str(tmp_path / "dd")}
+    before = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                            capture_output=True, text=True).stdout
+    for step in ("tls", "keys", "runtime-tls"):
+        assert '"$FEDGRAPH_DEPLOY_DIR/' in commands[step]
+        subprocess.run(["bash", "-c", commands[step]], cwd=ROOT, env=env, check=True,
+                       capture_output=True)
+    assert (tmp_path / "dd" / "tls" / "ca.key").is_file()
+    assert (tmp_path / "dd" / "keys" / "supernode-0.pub").is_file()
+    assert (tmp_path / "dd" / "node-tls" / "runtime.pem").is_file()
+    env.pop("FEDGRAPH_DEPLOY_DIR")
+    subprocess.run([sys.executable, "deploy/scripts/make_keys.py", "supernode-9"], cwd=ROOT,
+                   env=env, check=True, capture_output=True)
+    assert (home / "fedgraph-deploy" / "keys" / "supernode-9").is_file()
+    after = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                           capture_output=True, text=True).stdout
+    assert after == before
