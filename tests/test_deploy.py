@@ -153,6 +153,10 @@ def test_two_rounds_through_flwr_run(deployment):
     print(f"\nloopback deployment ({results['config']['algorithm']}, {NUM_CLIENTS} clients, Cora): "
           f"per-round {', '.join(f'{t:.2f}s' for t in per_round)}; flwr run {out.elapsed:.1f}s")
     dep.round_time = max(per_round)
+    # Flower's health service answers where README's flags start it; the SuperLink also
+    # writes its own (rotating) log file.
+    assert dep.healthy("superlink") and dep.healthy(L.supernode_name(0))
+    assert "Starting Flower SuperLink" in (dep.logs / "superlink-flower.log").read_text()
 
 
 def _checkpoint_round(path: Path) -> int:
