@@ -173,8 +173,8 @@ class FlowerTransport(Transport):
         resources: list[dict[str, Any]] = []
         for reply in replies:
             node = reply.metadata.src_node_id
-            if reply.has_error():
-                failed.setdefault(reply.error.reason, []).append(node)
+            if reply.has_error():  # named by the node asked, even when the SuperLink answered
+                failed.setdefault(reply.error.reason, []).append(self._replying_node(reply))
                 codes.add(int(reply.error.code))
                 continue
             info = dict(reply.content["info"])
