@@ -25,13 +25,25 @@ Plain Python, no third-party imports: the tests load it by path.
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 # --- names and ports -----------------------------------------------------------------
 SUPERLINK_PORT = 8000  # the SuperLink's one port (Fleet + Control + Runtime API; Flower's default)
 SUPERNODE_RUNTIME_PORT = 9094  # each SuperNode's Runtime API, on 127.0.0.1 of its host
 NUM_SUPERNODES = 3  # the compose file's federation (the e2e test's too)
+# Flower's gRPC health service (``--health-server-address``, no TLS): on 127.0.0.1 only,
+# for the host's supervisor or the compose healthchecks (deploy/scripts/health_probe.py).
+# A SuperLink or SuperNode uses HEALTH_PORT; the executor beside it (same host or, in
+# compose, the same network namespace) EXECUTOR_HEALTH_PORT.
+HEALTH_PORT = 9098
+EXECUTOR_HEALTH_PORT = 9099
+# SuperLink log file rotation (Flower's own --log-file options; SuperNodes and executors
+# have none in flwr 1.41: systemd/journald or logrotate, deploy/systemd/).
+LOG_ROTATION_HOURS = 24
+LOG_BACKUPS = 14
 CONNECTION = "fedgraph"  # the SuperLink connection name in $FLWR_HOME/config.toml
 SERVERAPP_EXECUTOR = "superexec-serverapp"
 TLS_CERT_NAME = "superlink"  # make_tls.py --name for the SuperLink's certificate
@@ -46,6 +58,21 @@ CONTAINER_STATE = CONTAINER_APP / "state"
 CONTAINER_OUTPUTS = CONTAINER_APP / "outputs"
 CONTAINER_NODE_TLS = CONTAINER_APP / "node-tls"
 CONTAINER_FLWR_HOME = CONTAINER_APP / "flwr-home"
+# XDG_CACHE_HOME of the ClientApp executors: the default data root is
+# <XDG_CACHE_HOME>/fedgraph-flwr, so client-state="file" writes
+# <it>/fedgraph-flwr/client-state/<run-name>/client_<id>/, on a named volume per client.
+CONTAINER_CACHE = CONTAINER_APP / "cache"
+HEALTH_PROBE = str(CONTAINER_APP / "deploy/scripts/health_probe.py")
+
+# Outside the checkout: TLS material (ca.key among it), SuperNode keys, the SuperLink's
+# database and the logs of the README's walk-through (never in git, never in an image).
+DEPLOY_DIR_ENV = "FEDGRAPH_DEPLOY_DIR"
+DEFAULT_DEPLOY_DIR = "~/fedgraph-deploy"
+
+
+def deploy_dir() -> Path:
+    """``$FEDGRAPH_DEPLOY_DIR``, else ``~/fedgraph-deploy``: the scripts' default output."""
+    return Path(os.environ.get(DEPLOY_DIR_ENV) or DEFAULT_DEPLOY_DIR).expanduser()
 
 # What deploy/scripts/prepare.py writes under deploy/generated/ (the compose file mounts it).
 GENERATED = "generated"
@@ -60,8 +87,9 @@ GEN_FLWR_HOME_COMPOSE = f"{GENERATED}/flwr-home-compose"  # the register service
 
 # A ClientApp executor polls its own SuperNode (same host) for tasks: a tighter poll than
 # Flower's 1 s default, since a round on a small graph takes well under a second of
-# compute. The ServerApp executor keeps the default: it polls the SuperLink, where every
-# poll is a database transaction, and it launches one task per run, not per round.
+# compute.
+# The ServerApp executor gets the same (README step 3 and the compose file): it launches
+# one ServerApp per run, so a new run starts within 0.1 s instead of up to 1 s.
 EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
@@ -79,9 +107,15 @@ def partition_file_name(i: int) -> str:
 
 
 # --- command lines ---------------------------------------------------------------------
+def health_args(address: str | None) -> list[str]:
+    return ["--health-server-address", address] if address else []
+
+
 def superlink_cmd(ca: str, cert: str, key: str, host: str = "0.0.0.0",
-                  port: int = SUPERLINK_PORT, database: str | None = None) -> list[str]:
-    """``flower-superlink`` with TLS, SuperNode auth, no runtime ``uv sync``, process isolation."""
+                  port: int = SUPERLINK_PORT, database: str | None = None,
+                  health: str | None = None, log_file: str | None = None) -> list[str]:
+    """``flower-superlink`` with TLS, SuperNode auth, no runtime ``uv sync``, process isolation;
+    optionally Flower's health service and its own rotating log file."""
     cmd = [
         "flower-superlink",
         "--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key,
@@ -92,19 +126,31 @@ def superlink_cmd(ca: str, cert: str, key: str, host: str = "0.0.0.0",
     ]
     if database:
         cmd += ["--database", database]
+    cmd += health_args(health)
+    if log_file:
+        cmd += ["--log-file", log_file,
+                "--log-rotation-interval-hours", str(LOG_ROTATION_HOURS),
+                "--log-rotation-backup-count", str(LOG_BACKUPS)]
     return cmd
 
 
-def executor_cmd(ca: str, runtime_address: str) -> list[str]:
+def executor_cmd(ca: str, runtime_address: str, health: str | None = None) -> list[str]:
     """``flower-superexec``: runs the ServerApp processes for the SuperLink."""
-    return ["flower-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
+    return ["flower-superexec", "--root-certificates", ca, "--runtime-api-address",
+            runtime_address, *health_args(health)]
 
 
-def clientapp_executor_cmd(ca: str, runtime_address: str) -> list[str]:
+def clientapp_executor_cmd(ca: str, runtime_address: str, health: str | None = None) -> list[str]:
     """``fedgraph-superexec``: ``flower-superexec`` whose per-message ClientApp processes
     fork from a parent that has imported torch/PyG once (fedgraph_flwr/engine/accelerate/).
     ``flower-superexec`` with the same flags works too, seconds slower per round."""
-    return ["fedgraph-superexec", "--root-certificates", ca, "--runtime-api-address", runtime_address]
+    return ["fedgraph-superexec", "--root-certificates", ca, "--runtime-api-address",
+            runtime_address, *health_args(health)]
+
+
+def health_probe_cmd(address: str) -> list[str]:
+    """A healthcheck: exit 0 iff Flower's health service at ``address`` answers SERVING."""
+    return ["python", HEALTH_PROBE, address]
 
 
 def node_config(partition_file: str, partition_id: int | None = None) -> str:
@@ -118,7 +164,7 @@ def node_config(partition_file: str, partition_id: int | None = None) -> str:
 def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
                   runtime_cert: str, runtime_key: str, runtime_ca: str,
                   runtime_port: int = SUPERNODE_RUNTIME_PORT,
-                  partition_id: int | None = None) -> list[str]:
+                  partition_id: int | None = None, health: str | None = None) -> list[str]:
     """``fedgraph-supernode`` (``flower-supernode`` with its 3 s idle poll capped, see
     fedgraph_flwr/engine/accelerate/): TLS to the SuperLink, auth key, its
     partition, local Runtime API. ``flower-supernode`` takes the same flags."""
@@ -131,6 +177,7 @@ def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
         "--isolation", "process",
         "--host", "127.0.0.1", "--port", str(runtime_port),
         "--ssl-certfile", runtime_cert, "--ssl-keyfile", runtime_key, "--ssl-ca-certfile", runtime_ca,
+        *health_args(health),
     ]
 
 
@@ -166,15 +213,25 @@ def make_keys_cmd(out: str, names: list[str]) -> list[str]:
     return ["python", "deploy/scripts/make_keys.py", "--out", out, *names]
 
 
+_ENV_WORD = re.compile(r'"\$[A-Za-z_][A-Za-z0-9_]*[^"$`\\]*"')
+
+
+def _quote(word: str) -> str:
+    """shlex.quote, except a word already in double quotes that starts with one
+    variable (``"$FEDGRAPH_DEPLOY_DIR/tls"``): the shell must expand it."""
+    return word if _ENV_WORD.fullmatch(word) else shlex.quote(word)
+
+
 def shell(cmd: list[str], env: dict[str, str] | None = None) -> str:
     """One copy-pasteable shell line (``VAR=value ... cmd`` when ``env`` is given)."""
     prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
-    return prefix + shlex.join(cmd)
+    return prefix + " ".join(_quote(str(w)) for w in cmd)
 
 
 # --- the README's N-machine walk-through (rendered with its placeholder values) -------------
 README_HOST = "superlink.example.org"
-README_CA_PATH = "/home/operator/fedgraph/tls/ca.crt"  # absolute: the CLI reads it from anywhere
+README_CA_PATH = "/home/operator/fedgraph-deploy/tls/ca.crt"  # absolute: the CLI reads it from anywhere
+README_DIR = f'"${DEPLOY_DIR_ENV}"'  # the scripts write under it (outside the checkout)
 # client-state="file": each owner keeps its optimizer state on its own disk (it survives
 # a SuperNode restart, and 10 MB of FedAux state no longer travels between the SuperNode
 # and its ClientApp with every message).
@@ -182,24 +239,36 @@ README_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=100 client-state="
                      'output-dir="/srv/fedgraph/outputs" run-name="cora-fedaux"')
 
 
+# The compose walk-through's run: README's, with the container's output folder and 20 rounds.
+COMPOSE_RUN_CONFIG = ('algorithm="fedaux" num-clients=3 rounds=20 client-state="file" '
+                      f'output-dir="{CONTAINER_OUTPUTS}"')
+
+
 def readme_commands() -> dict[str, str]:
     """Each command of deploy/README.md, keyed by step; the README must contain each verbatim."""
     addr = f"{README_HOST}:{SUPERLINK_PORT}"
+    out = README_DIR[:-1]  # '"$FEDGRAPH_DEPLOY_DIR' + '/tls"'
+    local_health = f"127.0.0.1:{HEALTH_PORT}"
     return {
-        "tls": shell(make_tls_cmd("tls", TLS_CERT_NAME, [README_HOST])),
-        "keys": shell(make_keys_cmd("keys", ["supernode-0"])),
+        "tls": shell(make_tls_cmd(f'{out}/tls"', TLS_CERT_NAME, [README_HOST])),
+        "keys": shell(make_keys_cmd(f'{out}/keys"', ["supernode-0"])),
         "superlink": shell(superlink_cmd("tls/ca.crt", f"tls/{TLS_CERT_NAME}.pem",
-                                         f"tls/{TLS_CERT_NAME}.key", database="state/superlink.db")),
-        "serverapp-executor": shell(executor_cmd("tls/ca.crt", f"127.0.0.1:{SUPERLINK_PORT}")),
+                                         f"tls/{TLS_CERT_NAME}.key", database="state/superlink.db",
+                                         health=local_health, log_file="logs/superlink.log")),
+        "serverapp-executor": shell(executor_cmd("tls/ca.crt", f"127.0.0.1:{SUPERLINK_PORT}"),
+                                    EXECUTOR_ENV),
         "register": shell(register_cmd("keys/supernode-0.pub")),
-        "runtime-tls": shell(make_tls_cmd("node-tls", RUNTIME_CERT_NAME, [])),
+        "runtime-tls": shell(make_tls_cmd(f'{out}/node-tls"', RUNTIME_CERT_NAME, [])),
         "supernode": shell(supernode_cmd(
             addr, "ca.crt", "keys/supernode-0", "/srv/fedgraph/client_0.npz",
             f"node-tls/{RUNTIME_CERT_NAME}.pem", f"node-tls/{RUNTIME_CERT_NAME}.key",
-            "node-tls/ca.crt")),
+            "node-tls/ca.crt", health=local_health)),
         "clientapp-executor": shell(clientapp_executor_cmd("node-tls/ca.crt",
                                                  f"127.0.0.1:{SUPERNODE_RUNTIME_PORT}"),
                                     EXECUTOR_ENV),
         "connection": connection_toml(addr, README_CA_PATH),
         "run": shell(run_cmd(run_config=README_RUN_CONFIG)),
+        "compose-run": shell(run_cmd("..", run_config=COMPOSE_RUN_CONFIG),
+                             {"FLWR_HOME": f"$PWD/{GEN_FLWR_HOME}"}).replace(
+                                 f"'$PWD/{GEN_FLWR_HOME}'", f"$PWD/{GEN_FLWR_HOME}"),
     }

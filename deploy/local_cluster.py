@@ -81,6 +81,7 @@ class LocalDeployment:
         self.procs: dict[str, subprocess.Popen] = {}
         self.commands: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         self.runtime_ports: dict[str, int] = {}
+        self.health: dict[str, str] = {}  # process name -> its health service's address
         self.port = 0
         self.address = ""
         # The data owners share this one machine: split its cores between their
@@ -187,12 +188,15 @@ class LocalDeployment:
     def start_superlink(self) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.health["superlink"] = f"127.0.0.1:{free_port()}"
         self.start("superlink", L.superlink_cmd(
             str(self.tls / "ca.crt"), str(self.tls / f"{L.TLS_CERT_NAME}.pem"),
             str(self.tls / f"{L.TLS_CERT_NAME}.key"), host="127.0.0.1", port=self.port,
-            database=str(self.workdir / "superlink.db") if self.superlink_database else None))
+            database=str(self.workdir / "superlink.db") if self.superlink_database else None,
+            health=self.health["superlink"], log_file=str(self.logs / "superlink-flower.log")))
         self.wait_for_log("superlink", r"Uvicorn running on https://", 60)
-        self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address))
+        self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address),
+                   env=dict(L.EXECUTOR_ENV))
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         (self.flwr_home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n\n'
@@ -205,11 +209,12 @@ class LocalDeployment:
                         partition_id: int | None = None) -> None:
         """A SuperNode with key ``keys/<name>``; with its ClientApp executor unless ``executor`` is None."""
         port = self.runtime_ports.setdefault(name, free_port())
+        health = self.health.setdefault(name, f"127.0.0.1:{free_port()}")
         node = L.supernode_cmd(
             self.address, str(self.tls / "ca.crt"), str(self.keys / name), str(partition_file),
             str(self.node_tls / f"{L.RUNTIME_CERT_NAME}.pem"),
             str(self.node_tls / f"{L.RUNTIME_CERT_NAME}.key"), str(self.node_tls / "ca.crt"),
-            runtime_port=port, partition_id=partition_id)
+            runtime_port=port, partition_id=partition_id, health=health)
         if self.stock_flower:
             node[0] = "flower-supernode"
         self.start(name, node)
@@ -233,6 +238,11 @@ class LocalDeployment:
             self.start_supernode(name, path, L.clientapp_executor_name(i))
         for name in names:
             self.wait_for_log(name, r"SuperNode ID: \d+", 60)
+
+    def healthy(self, name: str) -> bool:
+        """Whether ``name``'s Flower health service answers SERVING (deploy/scripts/health_probe.py)."""
+        probe = [sys.executable, str(ROOT / "deploy" / "scripts" / "health_probe.py"), self.health[name]]
+        return subprocess.run(probe, env=self.env, capture_output=True).returncode == 0
 
     def flwr_run(self, run_config: str, timeout: float) -> subprocess.CompletedProcess:
         return subprocess.run(L.run_cmd(run_config=run_config), cwd=ROOT, env=self.env,

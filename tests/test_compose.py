@@ -78,12 +78,13 @@ def _args(service: dict):
     return _parser(cmd[0]).parse_args([str(a) for a in cmd[1:]])
 
 
-def _mounts(service: dict) -> dict[str, tuple[str, bool]]:
-    """container path -> (host path, read-only)."""
+def _mounts(service: dict, named: bool = False) -> dict[str, tuple[str, bool]]:
+    """container path -> (host path, read-only): bind mounts, or (``named``) named volumes."""
     out = {}
     for volume in service.get("volumes", []):
         host, container, *mode = volume.split(":")
-        out[container] = (host, mode == ["ro"])
+        if host.startswith(("./", "/")) != named:
+            out[container] = (host, mode == ["ro"])
     return out
 
 
@@ -132,7 +133,9 @@ def test_superlink_is_secure_and_ports_are_consistent(services):
     assert link.runtime_dependency_install is False
     assert link.isolation == "process" and link.host == "0.0.0.0"
     assert link.port == L.SUPERLINK_PORT
-    assert services["superlink"]["ports"] == [f"{link.port}:{link.port}"]
+    # Published on 127.0.0.1 unless .env's FEDGRAPH_PUBLISH opens it (README says how).
+    assert services["superlink"]["ports"] == [
+        f"${{FEDGRAPH_PUBLISH:-127.0.0.1}}:{link.port}:{link.port}"]
     mounts = _mounts(services["superlink"])
     for path in (link.ssl_certfile, link.ssl_keyfile, link.ssl_ca_certfile):
         assert mounts[path][1], f"{path} must be mounted read-only"
@@ -269,6 +272,8 @@ def test_compose_mirrors_the_loopback_deployment(services):
         L.supernode_name(0): L.supernode_cmd("a:1", "c", "k", "f", "p", "q", "r"),
         L.clientapp_executor_name(0): L.clientapp_executor_cmd("c", "a:1"),
     }
+    health = ["--health-server-address"]  # compose adds only Flower's health service
+    ref = {name: cmd + health for name, cmd in ref.items()}
     for name, cmd in ref.items():
         assert services[name]["command"][0] == cmd[0]
         assert flags(services[name]["command"]) == flags(cmd), name
@@ -290,3 +295,156 @@ def test_readme_gives_the_layout_commands_verbatim():
         cmd = shlex.split(line)
         assert "--insecure" in cmd
         _parser(cmd[0]).parse_args(cmd[1:])
+
+
+def _health_address(service: dict) -> str:
+    cmd = [str(a) for a in service["command"]]
+    return cmd[cmd.index("--health-server-address") + 1]
+
+
+def test_compose_runs_what_the_readme_runs(services):
+    """The same environment as README's commands: the ServerApp executor polls every
+    0.1 s too, and the compose walk-through's `flwr run` keeps client-state="file"."""
+    readme = (DEPLOY / "README.md").read_text()
+    assert L.shell(L.executor_cmd("tls/ca.crt", f"127.0.0.1:{L.SUPERLINK_PORT}"),
+                   L.EXECUTOR_ENV) in readme
+    assert services[L.SERVERAPP_EXECUTOR]["environment"] == L.EXECUTOR_ENV
+    for i in range(N):
+        for suffix in ("", "-gpu"):
+            env = services[L.clientapp_executor_name(i) + suffix]["environment"]
+            assert {k: env[k] for k in L.EXECUTOR_ENV} == L.EXECUTOR_ENV
+    assert 'client-state="file"' in L.README_RUN_CONFIG
+    assert 'client-state="file"' in L.COMPOSE_RUN_CONFIG
+    assert L.readme_commands()["compose-run"] in readme
+
+
+def test_client_state_is_on_a_named_volume_per_client(compose, services):
+    """client-state="file" writes <data root>/client-state/<run>/client_<i>/; the
+    executors' data root is XDG_CACHE_HOME/fedgraph-flwr, a named volume per client."""
+    from fedgraph_flwr.config import data_root
+
+    volumes = compose["volumes"]
+    assert set(volumes) == {make_compose.client_state_volume(i) for i in range(N)}
+    for i in range(N):
+        for suffix in ("", "-gpu"):
+            executor = services[L.clientapp_executor_name(i) + suffix]
+            cache = executor["environment"]["XDG_CACHE_HOME"]
+            assert _mounts(executor, named=True) == {
+                cache: (make_compose.client_state_volume(i), False)}
+            import os
+            old = {k: os.environ.pop(k, None) for k in ("FEDGRAPH_DATA_ROOT", "XDG_CACHE_HOME")}
+            try:
+                os.environ["XDG_CACHE_HOME"] = cache
+                assert PurePosixPath(data_root({})).is_relative_to(cache)
+            finally:
+                os.environ.pop("XDG_CACHE_HOME")
+                os.environ.update({k: v for k, v in old.items() if v is not None})
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert f"mkdir -p {L.CONTAINER_CACHE} && chmod 1777 {L.CONTAINER_CACHE}" in dockerfile
+
+
+def test_healthchecks_ask_flowers_health_service(services):
+    """Every long-running service starts Flower's health server on 127.0.0.1 and its
+    healthcheck probes exactly that address; services sharing a network namespace
+    (an executor and its SuperLink/SuperNode) use different ports."""
+    probe = DEPLOY / "scripts" / "health_probe.py"
+    assert probe.is_file() and L.HEALTH_PROBE == f"{L.CONTAINER_APP}/deploy/scripts/health_probe.py"
+    for profile in ("cpu", "gpu"):  # the services that run together
+        by_namespace: dict[str, set[str]] = {}
+        for name, service in services.items():
+            if name == "register" or service.get("profiles", [profile]) != [profile]:
+                continue
+            namespace = service.get("network_mode", f"service:{name}")
+            ports = by_namespace.setdefault(namespace, set())
+            assert _health_address(service) not in ports, f"{name}: health port taken"
+            ports.add(_health_address(service))
+    for name, service in services.items():
+        if name == "register":
+            assert "healthcheck" not in service  # one-shot
+            continue
+        address = _health_address(service)
+        assert address.startswith("127.0.0.1:")
+        assert _args(service).health_server_address == address  # Flower's own flag
+        check = service["healthcheck"]
+        assert check["test"] == ["CMD", "python", L.HEALTH_PROBE, address]
+    # Dependents wait until the process they talk to is healthy.
+    assert services[L.SERVERAPP_EXECUTOR]["depends_on"] == {"superlink": {"condition": "service_healthy"}}
+    assert services["register"]["depends_on"] == {"superlink": {"condition": "service_healthy"}}
+    for i in range(N):
+        assert services[L.clientapp_executor_name(i)]["depends_on"] == {
+            L.supernode_name(i): {"condition": "service_healthy"}}
+
+
+def test_compose_file_says_which_compose_it_needs(compose, prepared):
+    """No top-level `name:` (docker-compose 1.29 rejects it); .env names the project;
+    the header says which compose versions the file needs; logs rotate."""
+    assert "name" not in compose
+    header = (DEPLOY / "docker-compose.yml").read_text().split("services:")[0]
+    assert "docker-compose >= 1.29" in header and "Docker Compose v2" in header
+    assert "FEDGRAPH_PUBLISH=0.0.0.0" in header
+    env = dict(line.split("=", 1) for line in (prepared / ".env").read_text().split())
+    assert env["COMPOSE_PROJECT_NAME"] == "fedgraph-flwr" and env["FEDGRAPH_PUBLISH"] == "127.0.0.1"
+    for service in compose["services"].values():
+        assert service["logging"]["options"]["max-size"]
+
+
+def test_systemd_units_run_the_readme_commands():
+    """deploy/systemd/: the README's commands (same programs, flags, environment), each
+    parsed by Flower's own parser, stopped by SIGTERM then SIGKILL within 10 s."""
+    units = {p.name: p.read_text() for p in (DEPLOY / "systemd").glob("*.service")}
+    assert set(units) == {"fedgraph-superlink.service", "fedgraph-serverapp.service",
+                          "fedgraph-supernode@.service", "fedgraph-clientapp@.service"}
+    readme = L.readme_commands()
+    expect = {"fedgraph-superlink.service": "superlink",
+              "fedgraph-serverapp.service": "serverapp-executor",
+              "fedgraph-supernode@.service": "supernode",
+              "fedgraph-clientapp@.service": "clientapp-executor"}
+    for name, text in units.items():
+        lines = dict(line.split("=", 1) for line in text.splitlines()
+                     if "=" in line and not line.startswith("#"))
+        cmd = shlex.split(lines["ExecStart"].replace("%i", "0"))
+        cmd[0] = Path(cmd[0]).name
+        ref = shlex.split(readme[expect[name]])
+        env = {}
+        while "=" in ref[0]:
+            key, value = ref.pop(0).split("=", 1)
+            env[key] = value
+        extra = [a for a in cmd if a not in ref]
+        assert extra in ([], ["--health-server-address", f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"]), (
+            name, extra)
+        assert [a for a in ref if a not in cmd] == [], name
+        _parser(cmd[0]).parse_args(cmd[1:])
+        for key, value in env.items():
+            assert f"Environment={key}={value}" in text, (name, key)
+        assert "Environment=FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in text
+        assert lines["KillSignal"] == "SIGTERM" and int(lines["TimeoutStopSec"]) <= 10
+        assert lines["KillMode"] == "control-group" and lines["Restart"] in ("on-failure", "always")
+    logrotate = (DEPLOY / "systemd" / "fedgraph-logrotate").read_text()
+    paths = [line for line in logrotate.split("{")[0].splitlines() if line.startswith("/")]
+    assert "copytruncate" in logrotate and paths and not any("superlink" in p for p in paths)
+
+
+def test_readme_steps_write_secrets_outside_the_checkout(tmp_path):
+    """Steps 1-2 as printed (``--out "$FEDGRAPH_DEPLOY_DIR/..."``) and the scripts'
+    defaults (no ``--out``) write under the deploy dir, never into the repository."""
+    import os
+
+    commands = L.readme_commands()
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "FEDGRAPH_DEPLOY_DIR": str(tmp_path / "dd")}
+    before = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                            capture_output=True, text=True).stdout
+    for step in ("tls", "keys", "runtime-tls"):
+        assert '"$FEDGRAPH_DEPLOY_DIR/' in commands[step]
+        subprocess.run(["bash", "-c", commands[step]], cwd=ROOT, env=env, check=True,
+                       capture_output=True)
+    assert (tmp_path / "dd" / "tls" / "ca.key").is_file()
+    assert (tmp_path / "dd" / "keys" / "supernode-0.pub").is_file()
+    assert (tmp_path / "dd" / "node-tls" / "runtime.pem").is_file()
+    env.pop("FEDGRAPH_DEPLOY_DIR")
+    subprocess.run([sys.executable, "deploy/scripts/make_keys.py", "supernode-9"], cwd=ROOT,
+                   env=env, check=True, capture_output=True)
+    assert (home / "fedgraph-deploy" / "keys" / "supernode-9").is_file()
+    after = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                           capture_output=True, text=True).stdout
+    assert after == before

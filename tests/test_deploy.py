@@ -154,6 +154,10 @@ def test_two_rounds_through_flwr_run(deployment):
     print(f"\nloopback deployment ({results['config']['algorithm']}, {NUM_CLIENTS} clients, Cora): "
           f"per-round {', '.join(f'{t:.2f}s' for t in per_round)}; flwr run {out.elapsed:.1f}s")
     dep.round_time = max(per_round)
+    # Flower's health service answers where README's flags start it; the SuperLink also
+    # writes its own (rotating) log file.
+    assert dep.healthy("superlink") and dep.healthy(L.supernode_name(0))
+    assert "Starting Flower SuperLink" in (dep.logs / "superlink-flower.log").read_text()
 
 
 #: The later baselines, 3 rounds each through the same deployment, with their stages
@@ -239,6 +243,12 @@ def test_supernode_killed_mid_run_is_missing_then_rejoins(deployment):
     second = rounds[1]
     assert sorted(second["clients"]) == ["0", "1"] and not second["void"], second["failures"]
     assert "2" in second["failures"], second["failures"]  # missing (timeout) or unavailable
+    # Each round it missed names why: no reply at all, or Flower's Node Unavailable reply
+    # (sent by the SuperLink, from node 0) recorded for client 2, not as an unknown node.
+    reasons = [r["failures"]["2"] for r in rounds[1:] if "2" in r["failures"]]
+    assert all(x.startswith("missing: no reply before round-timeout")
+               or (x.startswith("error 5: ") and "Node Unavailable" in x) for x in reasons), reasons
+    assert "unknown node" not in output
     assert "client 2" in output  # the server said so while it ran
     assert back < rounds_total, f"client 2 came back only after round {back - 1}"
     last = rounds[-1]

@@ -96,3 +96,59 @@ def test_a_slow_round_does_not_hold_back_the_next_ones():
     grid = TimedGrid([0.05, 0.05])
     _exchange(transport, grid, _messages(2), timeout=10)
     assert grid.polls[0] < 0.45  # 0.7 x the halved estimate, not another full second
+
+
+class UnavailableGrid:
+    """Node 12 replies; node 13 is dead: the SuperLink answers for it with Flower's
+    ``Node Unavailable`` error, sent from the SuperLink's own node id (0), as
+    flwr.server.superlink.linkstate.utils.create_message_error_unavailable_res_message does."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            mid = f"m{len(self.sent)}"
+            self.sent[mid] = message.metadata.dst_node_id
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        from flwr.common.constant import ErrorCode
+
+        out = []
+        for mid in message_ids:
+            dst = self.sent[mid]
+            if dst == 13:
+                out.append(SimpleNamespace(
+                    metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=0),
+                    has_error=lambda: True,
+                    error=SimpleNamespace(code=ErrorCode.NODE_UNAVAILABLE,
+                                          reason="Error: Node Unavailable — heartbeat missed")))
+            else:
+                out.append(SimpleNamespace(
+                    metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=dst),
+                    has_error=lambda: True,
+                    error=SimpleNamespace(code=0, reason="the client's own error")))
+        return out
+
+
+def test_a_superlink_error_reply_is_recorded_for_the_node_it_is_about(monkeypatch):
+    """``Node Unavailable`` replies come from node 0, not from the dead node: the failure
+    is still that client's, with Flower's reason, not ``missing`` nor an unknown node."""
+    import numpy as np
+
+    # A Flower Message needs a run (TaskIdentity); the transport reads only its dst node.
+    monkeypatch.setattr(flower_transport, "Message", lambda content, dst, *a, **k: SimpleNamespace(
+        metadata=SimpleNamespace(dst_node_id=dst)))
+    logged: list[str] = []
+    transport = FlowerTransport(UnavailableGrid(), log=logged.append)
+    transport.node_of = {0: 12, 1: 13}
+    transport.client_of = {12: 0, 13: 1}
+    phase = SimpleNamespace(name="train", message_type="train")
+    requests = {0: {"w": np.zeros(2)}, 1: {"w": np.zeros(2)}}
+    out = transport.exchange(phase, requests, {"server-round": 3}, timeout=2.0)
+    assert out.failures[1].startswith("error 5: Error: Node Unavailable")
+    assert out.failures[0] == "error 0: the client's own error"
+    assert not any("unknown node" in line for line in logged)

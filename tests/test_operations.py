@@ -251,8 +251,9 @@ def test_file_client_state_gives_the_same_metrics_as_context_state(failing_run, 
     assert results["rounds"][1]["failures"].keys() == {str(FAIL_CLIENT)}
     # Each client keeps its last two states; client 1 saved nothing in its failed round.
     rounds_on_disk = {}
-    for p in state_dir.iterdir():
+    for p in state_dir.glob("client_*/*.pt"):
         cid, _token, rnd = p.name[:-len(".pt")].split(".")
+        assert p.parent.name == cid  # each client in its own folder
         rounds_on_disk.setdefault(cid, []).append(int(rnd[1:]))
     assert {c: sorted(r) for c, r in rounds_on_disk.items()} == {
         "client_0": [2, 3], "client_1": [1, 3], "client_2": [2, 3]}

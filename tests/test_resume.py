@@ -164,11 +164,33 @@ def test_client_state_files_keep_the_previous_round_and_ignore_other_runs(tmp_pa
     for rnd in (1, 2, 3):
         rt.save_state_file(cfg, 0, rnd, f"round {rnd}".encode())
     rt.save_state_file(cfg, 1, 1, b"client 1")  # client_1 never confused with client_0 (or _10)
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["client_0.aaa.r000002.pt", "client_0.aaa.r000003.pt", "client_1.aaa.r000001.pt"]
+    names = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.pt"))
+    assert names == ["client_0/client_0.aaa.r000002.pt", "client_0/client_0.aaa.r000003.pt",
+                     "client_1/client_1.aaa.r000001.pt"]
     assert rt.load_state_file(cfg, 0, 4) == b"round 3"
     # The server died after checkpointing round 2; round 3 is redone from round 2's state.
     assert rt.load_state_file(cfg, 0, 3) == b"round 2"
     rt.save_state_file(cfg, 0, 3, b"round 3 again")
     assert rt.load_state_file(cfg, 0, 4) == b"round 3 again"
     assert rt.load_state_file(cfg, 1, 4) == b"client 1"  # a client skipped by sampling
+
+
+def test_supernodes_sharing_a_host_keep_their_state_in_distinct_folders(tmp_path, monkeypatch):
+    """Two clients of one run on one host, the same data root and no client-state-dir
+    (the deployment default ``<data-root>/client-state/<run-name>``): each gets its own
+    private folder, and neither lists, reads or prunes the other's files."""
+    monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # ~/.cache/fedgraph-flwr, here
+    cfg = {"run-name": "shared", "client-state-dir": "", "data-root": "",
+           rt.STATE_TOKEN_KEY: "tok"}
+    a, b = rt.state_dir(cfg, 0), rt.state_dir(cfg, 1)
+    assert rt.state_dir(cfg) == tmp_path / "fedgraph-flwr" / "client-state" / "shared"
+    assert a != b and a.parent == b.parent == rt.state_dir(cfg)
+    for rnd in (1, 2, 3):
+        pa = rt.save_state_file(cfg, 0, rnd, f"a{rnd}".encode())
+        pb = rt.save_state_file(cfg, 1, rnd, f"b{rnd}".encode())
+        assert pa.parent == a and pb.parent == b
+    assert sorted(p.name for p in a.iterdir()) == ["client_0.tok.r000002.pt", "client_0.tok.r000003.pt"]
+    assert sorted(p.name for p in b.iterdir()) == ["client_1.tok.r000002.pt", "client_1.tok.r000003.pt"]
+    assert rt.load_state_file(cfg, 0, 4) == b"a3" and rt.load_state_file(cfg, 1, 4) == b"b3"
+    assert (a.stat().st_mode & 0o777) == 0o700

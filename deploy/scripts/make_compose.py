@@ -36,7 +36,33 @@ HEADER = """\
 #   python deploy/scripts/make_compose.py --write
 # Before `docker compose up`: python deploy/scripts/prepare.py (partitions, TLS, keys, .env).
 # Walk-through: deploy/README.md. tests/test_compose.py checks this file.
+#
+# Compose versions: Docker Compose v2, or docker-compose >= 1.29 (profiles, GPU
+# reservations, `condition: service_completed_successfully`); podman-compose untested.
+# No top-level `name:` (docker-compose 1.29 rejects it): the project name comes from
+# COMPOSE_PROJECT_NAME in .env (prepare.py writes fedgraph-flwr), which all of them read.
+# Port 8000 is published on 127.0.0.1 only; to let SuperNodes on other machines in, set
+# FEDGRAPH_PUBLISH=0.0.0.0 (or one interface's address) in .env and firewall the port.
+# Healthchecks ask Flower's gRPC health service (--health-server-address, flwr >= 1.41)
+# with deploy/scripts/health_probe.py; logs rotate through the json-file driver's options.
 """
+
+# Container logs: Docker's json-file driver, rotated (docker-compose 1.29 and v2 both
+# take this; podman-compose passes max-size to podman's k8s-file driver).
+LOGGING = {"driver": "json-file", "options": {"max-size": "10m", "max-file": "5"}}
+
+
+def _healthcheck(address: str) -> dict:
+    """Flower's health service, asked from inside the container (127.0.0.1)."""
+    return {"test": ["CMD", *L.health_probe_cmd(address)], "interval": "10s",
+            "timeout": "5s", "retries": 6, "start_period": "60s"}
+
+
+def client_state_volume(i: int) -> str:
+    """Client ``i``'s named volume: the executor's XDG_CACHE_HOME, so client-state="file"
+    keeps its state across container restarts and re-creations (``down`` keeps named
+    volumes; ``down -v`` removes them)."""
+    return f"client-state-{i}"
 
 
 def _image(gpu: bool, build: bool = False) -> dict:
@@ -75,22 +101,29 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
         "command": L.superlink_cmd(ca, str(tls / f"{L.TLS_CERT_NAME}.pem"),
                                    str(tls / f"{L.TLS_CERT_NAME}.key"), host="0.0.0.0",
                                    port=L.SUPERLINK_PORT,
-                                   database=str(L.CONTAINER_STATE / "superlink.db")),
-        "ports": [f"{L.SUPERLINK_PORT}:{L.SUPERLINK_PORT}"],
+                                   database=str(L.CONTAINER_STATE / "superlink.db"),
+                                   health=f"127.0.0.1:{L.HEALTH_PORT}"),
+        "ports": [f"${{FEDGRAPH_PUBLISH:-127.0.0.1}}:{L.SUPERLINK_PORT}:{L.SUPERLINK_PORT}"],
         "volumes": [
             _ro(f"{L.GEN_TLS}/ca.crt", ca),
             _ro(f"{L.GEN_TLS}/{L.TLS_CERT_NAME}.pem", tls / f"{L.TLS_CERT_NAME}.pem"),
             _ro(f"{L.GEN_TLS}/{L.TLS_CERT_NAME}.key", tls / f"{L.TLS_CERT_NAME}.key"),
             f"./{L.GEN_STATE}:{L.CONTAINER_STATE}",
         ],
+        "healthcheck": _healthcheck(f"127.0.0.1:{L.HEALTH_PORT}"),
+        "logging": LOGGING,
         "restart": "unless-stopped",
     }
     services[L.SERVERAPP_EXECUTOR] = {
         **_image(False),
-        "command": L.executor_cmd(ca, f"127.0.0.1:{L.SUPERLINK_PORT}"),
-        "network_mode": "service:superlink",
+        "command": L.executor_cmd(ca, f"127.0.0.1:{L.SUPERLINK_PORT}",
+                                  health=f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),
+        "network_mode": "service:superlink",  # same namespace: its own health port
+        "environment": dict(L.EXECUTOR_ENV),  # as README step 3
         "volumes": [_ro(f"{L.GEN_TLS}/ca.crt", ca), f"./{L.GEN_OUTPUTS}:{L.CONTAINER_OUTPUTS}"],
-        "depends_on": ["superlink"],
+        "depends_on": {"superlink": {"condition": "service_healthy"}},
+        "healthcheck": _healthcheck(f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),
+        "logging": LOGGING,
         "restart": "unless-stopped",
     }
     pubs = [str(keys / f"{L.supernode_name(i)}.pub") for i in range(num_supernodes)]
@@ -106,7 +139,8 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
             f"./{L.GEN_FLWR_HOME_COMPOSE}:{L.CONTAINER_FLWR_HOME}",
             *[_ro(f"{L.GEN_KEYS}/{L.supernode_name(i)}.pub", pubs[i]) for i in range(num_supernodes)],
         ],
-        "depends_on": ["superlink"],
+        "depends_on": {"superlink": {"condition": "service_healthy"}},
+        "logging": LOGGING,
         "restart": "on-failure",
     }
     for i in range(num_supernodes):
@@ -119,7 +153,7 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
                 f"superlink:{L.SUPERLINK_PORT}", ca, str(keys / name), partition,
                 str(node_tls / f"{L.RUNTIME_CERT_NAME}.pem"),
                 str(node_tls / f"{L.RUNTIME_CERT_NAME}.key"), str(node_tls / "ca.crt"),
-                runtime_port=L.SUPERNODE_RUNTIME_PORT),
+                runtime_port=L.SUPERNODE_RUNTIME_PORT, health=f"127.0.0.1:{L.HEALTH_PORT}"),
             "volumes": [
                 _ro(f"{L.GEN_TLS}/ca.crt", ca),
                 _ro(f"{L.GEN_KEYS}/{name}", keys / name),
@@ -128,6 +162,8 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
                 partition_mount,
             ],
             "depends_on": {"register": {"condition": "service_completed_successfully"}},
+            "healthcheck": _healthcheck(f"127.0.0.1:{L.HEALTH_PORT}"),
+            "logging": LOGGING,
             "restart": "unless-stopped",
         }
         for gpu in (False, True):
@@ -135,18 +171,25 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
                 **_image(gpu, build=gpu and i == 0),
                 "profiles": ["gpu" if gpu else "cpu"],
                 "command": L.clientapp_executor_cmd(str(node_tls / "ca.crt"),
-                                                    f"127.0.0.1:{L.SUPERNODE_RUNTIME_PORT}"),
+                                                    f"127.0.0.1:{L.SUPERNODE_RUNTIME_PORT}",
+                                                    health=f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),
                 "network_mode": f"service:{name}",
-                "environment": dict(L.EXECUTOR_ENV),
-                "volumes": [_ro(f"{L.GEN_NODE_TLS}/ca.crt", node_tls / "ca.crt"), partition_mount],
-                "depends_on": [name],
+                # XDG_CACHE_HOME on the client's named volume: client-state="file" (the run
+                # command's) writes <it>/fedgraph-flwr/client-state/<run-name>/client_<i>/.
+                "environment": {**L.EXECUTOR_ENV, "XDG_CACHE_HOME": str(L.CONTAINER_CACHE)},
+                "volumes": [_ro(f"{L.GEN_NODE_TLS}/ca.crt", node_tls / "ca.crt"), partition_mount,
+                            f"{client_state_volume(i)}:{L.CONTAINER_CACHE}"],
+                "depends_on": {name: {"condition": "service_healthy"}},
+                "healthcheck": _healthcheck(f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),
+                "logging": LOGGING,
                 "restart": "unless-stopped",
             }
             if gpu:
                 executor["deploy"] = {"resources": {"reservations": {"devices": [
                     {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]}}}
             services[L.clientapp_executor_name(i) + ("-gpu" if gpu else "")] = executor
-    return {"name": "fedgraph-flwr", "services": services}
+    volumes = {client_state_volume(i): {} for i in range(num_supernodes)}
+    return {"services": services, "volumes": volumes}
 
 
 def text(num_supernodes: int = L.NUM_SUPERNODES) -> str:

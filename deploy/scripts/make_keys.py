@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Make one SuperNode authentication key pair (EC P-384, OpenSSH format) per name.
 
-    python deploy/scripts/make_keys.py --out keys supernode-0 supernode-1 supernode-2
+    python deploy/scripts/make_keys.py --out "$FEDGRAPH_DEPLOY_DIR/keys" supernode-0 supernode-1
 
-writes ``keys/<name>`` (private key, mode 0600: stays on that SuperNode's machine,
+writes (``--out`` defaults to ``$FEDGRAPH_DEPLOY_DIR/keys``, else
+``~/fedgraph-deploy/keys``: outside the checkout) ``keys/<name>`` (private key, mode 0600: stays on that SuperNode's machine,
 ``flower-supernode --auth-supernode-private-key``) and ``keys/<name>.pub`` (public
 key: sent to the SuperLink operator, ``flwr supernode register``). Equivalent to
 ``ssh-keygen -t ecdsa -b 384 -N "" -f keys/<name>``. Existing keys are kept.
@@ -35,9 +36,17 @@ def make_key_pair(out: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+def default_out(sub: str) -> Path:
+    """Secrets go outside the checkout: ``$FEDGRAPH_DEPLOY_DIR/<sub>`` (deploy/layout.py)."""
+    root = os.environ.get("FEDGRAPH_DEPLOY_DIR") or "~/fedgraph-deploy"
+    return Path(root).expanduser() / sub
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for the key files")
+    parser.add_argument("--out", type=Path, default=default_out("keys"),
+                        help="folder for the key files (default: $FEDGRAPH_DEPLOY_DIR/keys, else "
+                             "~/fedgraph-deploy/keys: outside the checkout)")
     parser.add_argument("names", nargs="+", help="one name per SuperNode, e.g. supernode-0")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Make TLS material for a Flower deployment: a CA and server certificates it signs.
 
-    python deploy/scripts/make_tls.py --out tls --name superlink --host superlink.example.org
+    python deploy/scripts/make_tls.py --out "$FEDGRAPH_DEPLOY_DIR/tls" --name superlink --host superlink.example.org
 
-writes (PEM, private keys mode 0600)::
+writes (PEM, private keys mode 0600; ``--out`` defaults to ``$FEDGRAPH_DEPLOY_DIR/tls``,
+else ``~/fedgraph-deploy/tls``: outside the checkout)::
 
     tls/ca.crt  tls/ca.key                 # the CA (reused if it already exists)
     tls/superlink.pem  tls/superlink.key   # server certificate + key for --ssl-certfile/--ssl-keyfile
@@ -116,9 +117,17 @@ def make_server_cert(out: Path, name: str, hosts: list[str], days: int) -> Path:
     return out / f"{name}.pem"
 
 
+def default_out(sub: str) -> Path:
+    """Secrets go outside the checkout: ``$FEDGRAPH_DEPLOY_DIR/<sub>`` (deploy/layout.py)."""
+    root = os.environ.get("FEDGRAPH_DEPLOY_DIR") or "~/fedgraph-deploy"
+    return Path(root).expanduser() / sub
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for ca.* and <name>.*")
+    parser.add_argument("--out", type=Path, default=default_out("tls"),
+                        help="folder for ca.* and <name>.* (default: $FEDGRAPH_DEPLOY_DIR/tls, else "
+                             "~/fedgraph-deploy/tls: outside the checkout)")
     parser.add_argument("--name", default="superlink", help="file stem of the server certificate")
     parser.add_argument("--host", action="append", default=[],
                         help="DNS name or IP address the server is reached at (repeatable)")

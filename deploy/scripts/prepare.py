@@ -13,7 +13,8 @@ Writes (idempotent: existing TLS material and keys are kept)::
     generated/flwr-home/config.toml         host-side `flwr` connection "fedgraph" -> 127.0.0.1
     generated/flwr-home-compose/config.toml the `register` service's connection -> superlink
     generated/state/  generated/outputs/    SuperLink database, run outputs
-    .env                                    COMPOSE_PROFILES=cpu, FEDGRAPH_UID/GID
+    .env                                    COMPOSE_PROJECT_NAME, COMPOSE_PROFILES=cpu,
+                                            FEDGRAPH_UID/GID, FEDGRAPH_PUBLISH=127.0.0.1
 
 The number of clients is the compose file's (``layout.NUM_SUPERNODES``) unless
 ``--clients`` says otherwise (then render the compose file with the same number:
@@ -91,7 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     write_connection(gen / Path(L.GEN_FLWR_HOME_COMPOSE).name, f"superlink:{L.SUPERLINK_PORT}",
                      str(L.CONTAINER_TLS / "ca.crt"))
     env_file = DEPLOY / ".env" if args.out == DEPLOY / L.GENERATED else gen / ".env"
-    env_file.write_text(f"COMPOSE_PROFILES=cpu\nFEDGRAPH_UID={os.getuid()}\nFEDGRAPH_GID={os.getgid()}\n")
+    # COMPOSE_PROJECT_NAME instead of the file's top-level `name:` (docker-compose 1.29
+    # rejects that); FEDGRAPH_PUBLISH: the address port 8000 is published on.
+    # Values already in .env (say FEDGRAPH_PUBLISH=0.0.0.0) are kept.
+    env = {"COMPOSE_PROJECT_NAME": "fedgraph-flwr", "COMPOSE_PROFILES": "cpu",
+           "FEDGRAPH_PUBLISH": "127.0.0.1"}
+    if env_file.is_file():
+        env.update(line.split("=", 1) for line in env_file.read_text().splitlines()
+                   if "=" in line and not line.lstrip().startswith("#"))
+    env.update(FEDGRAPH_UID=str(os.getuid()), FEDGRAPH_GID=str(os.getgid()))
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     print(f"prepared {args.clients} clients under {gen} (and {env_file})")
     return 0
 

@@ -214,7 +214,8 @@ def state_from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
 
 
 # --- client state kept in files (client-state=file) ---------------------------------------
-# One file per client and phase it ran, named ``client_<id>.<token>.r<round>.pt`` after
+# One file per client and phase it ran, in the client's own folder ``client_<id>/`` of
+# the state dir, named ``client_<id>.<token>.r<round>.pt`` after
 # the train phase and ``client_<id>.<token>.r<round>p<index>.pt`` after the round's other
 # phases (``index`` = the phase's place in the algorithm's round; round 0 = the phases
 # before round 1), where ``token`` identifies the run (set by the server, kept across
@@ -228,11 +229,18 @@ _POSITION = re.compile(r"r(\d+)(?:p(\d+))?")
 TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
 
 
-def state_dir(config: Config) -> Path:
-    """``client-state-dir``, else ``<data-root>/client-state/<run-name>``."""
+def state_dir(config: Config, partition_id: int | None = None) -> Path:
+    """``client-state-dir``, else ``<data-root>/client-state/<run-name>``; with
+    ``partition_id``, that client's own folder in it, ``client_<id>/``.
+
+    Each client has its own folder, so SuperNodes sharing a host (and a data root, or
+    one ``client-state-dir``) never share one: none lists, reads or prunes another's
+    files, and each folder is created private to its owner (mode 0700).
+    """
     folder = config.get("client-state-dir") or (
         data_root(config) / "client-state" / str(config["run-name"]))
-    return Path(str(folder)).expanduser()
+    folder = Path(str(folder)).expanduser()
+    return folder if partition_id is None else folder / f"client_{int(partition_id)}"
 
 
 def _position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
@@ -248,7 +256,7 @@ def _state_files(config: Config, partition_id: int, any_token: bool = False
     """This client's state files: path -> (token, position)."""
     token = str(config.get(STATE_TOKEN_KEY, "") or "run")
     out: dict[Path, tuple[str, tuple[int, int]]] = {}
-    for path in state_dir(config).glob(f"client_{partition_id}.*.r*.pt"):
+    for path in state_dir(config, partition_id).glob(f"client_{partition_id}.*.r*.pt"):
         parts = path.name[:-len(".pt")].split(".")
         match = _POSITION.fullmatch(parts[2]) if len(parts) == 3 else None
         if match is None:
@@ -264,7 +272,7 @@ def state_file(config: Config, partition_id: int, server_round: int,
     token = str(config.get(STATE_TOKEN_KEY, "") or "run")
     rnd, place = _position(config, server_round, phase)
     suffix = "" if place == TRAIN_POSITION else f"p{place}"
-    return state_dir(config) / f"client_{partition_id}.{token}.r{rnd:06d}{suffix}.pt"
+    return state_dir(config, partition_id) / f"client_{partition_id}.{token}.r{rnd:06d}{suffix}.pt"
 
 
 def load_state_file(config: Config, partition_id: int, server_round: int,
@@ -283,7 +291,7 @@ def save_state_file(config: Config, partition_id: int, server_round: int, blob: 
     """Write this phase's state atomically; keep only it and the newest older one."""
     path = state_file(config, partition_id, server_round, phase)
     here = _position(config, server_round, phase)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
     tmp.write_bytes(blob)
     os.replace(tmp, path)

@@ -173,8 +173,8 @@ class FlowerTransport(Transport):
         resources: list[dict[str, Any]] = []
         for reply in replies:
             node = reply.metadata.src_node_id
-            if reply.has_error():
-                failed.setdefault(reply.error.reason, []).append(node)
+            if reply.has_error():  # named by the node asked, even when the SuperLink answered
+                failed.setdefault(reply.error.reason, []).append(self._replying_node(reply))
                 codes.add(int(reply.error.code))
                 continue
             info = dict(reply.content["info"])
@@ -233,7 +233,7 @@ class FlowerTransport(Transport):
         replies, _ = self.push_and_pull(messages, timeout)
         out = Exchange()
         for reply in replies:
-            node = reply.metadata.src_node_id
+            node = self._replying_node(reply)
             cid = self.client_of.get(node)
             if cid is not None and node in self._reply_wait:
                 out.waits[cid] = self._reply_wait[node]
@@ -255,6 +255,17 @@ class FlowerTransport(Transport):
                                            nbytes(upload) + 4 * signature_floats(signature))
         return out
 
+    def _replying_node(self, reply: Message) -> int:
+        """The node a reply is about: its sender, or, for an error reply the SuperLink
+        wrote itself (``Node Unavailable`` once a node missed its heartbeats, an expired
+        reply; ``src_node_id`` is then the SuperLink's own id, 0), the node the message it
+        answers was sent to. So a dead node's failure is recorded with Flower's reason
+        instead of as ``missing``."""
+        node = reply.metadata.src_node_id
+        if node in self.client_of:
+            return node
+        return getattr(self, "_sent_to", {}).get(reply.metadata.reply_to_message_id, node)
+
     def push_and_pull(self, messages: list[Message], timeout: float
                       ) -> tuple[list[Message], set[str]]:
         """Push, then pull with a short poll interval until all replies or the timeout.
@@ -270,8 +281,13 @@ class FlowerTransport(Transport):
         """
         t0 = time.perf_counter()
         pending: set[str] = set()
+        self._sent_to: dict[str, int] = {}  # message id -> the node it went to
         for message in messages:
-            pending.update(self.grid.push_messages([message]))
+            ids = list(self.grid.push_messages([message]))
+            pending.update(ids)
+            metadata = getattr(message, "metadata", None)
+            if metadata is not None:
+                self._sent_to.update((mid, metadata.dst_node_id) for mid in ids)
         replies: list[Message] = []
         self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
         deadline = time.time() + timeout
@@ -288,7 +304,7 @@ class FlowerTransport(Transport):
             now = time.perf_counter() - t0
             for msg in got:
                 pending.discard(msg.metadata.reply_to_message_id)
-                self._reply_wait[msg.metadata.src_node_id] = now
+                self._reply_wait[self._replying_node(msg)] = now
             replies.extend(got)
             if pending and not got:
                 time.sleep(pause)
