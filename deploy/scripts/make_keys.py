@@ -4,7 +4,8 @@
     python deploy/scripts/make_keys.py --out "$FEDGRAPH_DEPLOY_DIR/keys" supernode-0 supernode-1
 
 writes (``--out`` defaults to ``$FEDGRAPH_DEPLOY_DIR/keys``, else
-``~/fedgraph-deploy/keys``: outside the checkout) ``keys/<name>`` (private key, mode 0600: stays on that SuperNode's machine,
+``~/fedgraph-deploy/keys``: outside the checkout) ``keys/<name>`` (private key, mode
+0600: stays on that SuperNode's machine,
 ``flower-supernode --auth-supernode-private-key``) and ``keys/<name>.pub`` (public
 key: sent to the SuperLink operator, ``flwr supernode register``). Equivalent to
 ``ssh-keygen -t ecdsa -b 384 -N "" -f keys/<name>``. Existing keys are kept.

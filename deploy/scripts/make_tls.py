@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make TLS material for a Flower deployment: a CA and server certificates it signs.
 
-    python deploy/scripts/make_tls.py --out "$FEDGRAPH_DEPLOY_DIR/tls" --name superlink --host superlink.example.org
+    python deploy/scripts/make_tls.py --out "$FEDGRAPH_DEPLOY_DIR/tls" --name superlink \
+        --host superlink.example.org
 
 writes (PEM, private keys mode 0600; ``--out`` defaults to ``$FEDGRAPH_DEPLOY_DIR/tls``,
 else ``~/fedgraph-deploy/tls``: outside the checkout)::
