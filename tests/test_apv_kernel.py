@@ -2,8 +2,11 @@
 
 The module docstring of fedgraph_flwr.nn.apv_kernel derives the bound
 max|z̃ − z| ≤ tol·max|h| (per column); the tests check the measured error against
-that bound and against the 1e-5 relative target (float64), and a looser 1e-4
-for float32 (measured: ≤ 2e-6), on the score distributions FedAux produces.
+that bound and against the 1e-5 relative target, in float64 and in float32
+(float32 inputs are expanded in float64; the float32 exact kernel itself is
+off by up to ~1.4e-5 in ∂L/∂s, so the reference is always the exact kernel in
+float64), on the score distributions FedAux produces, through both
+box layouts (sorted per-box matmuls, and scatter/gather for many boxes).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 import pytest
 import torch
 
+from fedgraph_flwr.nn import apv_kernel
 from fedgraph_flwr.nn.apv_kernel import (
     FAST_TOL,
     apv_scores,
@@ -47,24 +51,33 @@ def scores(kind: str, n: int, g: torch.Generator, dtype) -> torch.Tensor:
 def errors(s0, h0, sigma, upstream, block_elems=1 << 22):
     out = {}
     for impl in ("chunked", "fast"):
-        s, h = s0.clone().requires_grad_(), h0.clone().requires_grad_()
+        # the reference is the exact kernel in float64 (the float32 exact kernel is itself off by ~1e-5 in ∂s)
+        dtype = torch.float64 if impl == "chunked" else s0.dtype
+        s, h = s0.detach().to(dtype).clone().requires_grad_(), h0.detach().to(dtype).clone().requires_grad_()
+        upstream = upstream.to(dtype)
         fn = kernel_smooth_chunked if impl == "chunked" else kernel_smooth_fast
         z = fn(s, h, sigma, block_elems=block_elems)
         (z * upstream).sum().backward()
         out[impl] = (z.detach(), s.grad, h.grad)
     # relative to the exact maximum; absolute where the exact value is 0 (equal scores: ∂/∂s = 0)
-    rel = [float((x - r).abs().max() / (r.abs().max() if r.abs().max() > 0 else 1.0))
+    rel = [float((x.double() - r).abs().max() / (r.abs().max() if r.abs().max() > 0 else 1.0))
            for x, r in zip(out["fast"], out["chunked"])]
-    abs_z = float(((out["fast"][0] - out["chunked"][0]).abs() / h0.abs().amax(dim=0)).max())
+    abs_z = float(((out["fast"][0].double() - out["chunked"][0]).abs() / h0.double().abs().amax(dim=0)).max())
     return rel, abs_z
 
 
-@pytest.mark.parametrize("dtype,limit", [(torch.float64, 1e-5), (torch.float32, 1e-4)])
-@pytest.mark.parametrize("kind,sigma", [("uniform", 1.0), ("uniform", 0.1), ("uniform", 10.0),
-                                        ("clustered", 1.0), ("clustered", 0.05), ("constant", 1.0)])
-def test_fast_matches_exact_kernel(dtype, limit, kind, sigma):
+CASES = [("uniform", 1.0), ("uniform", 0.1), ("uniform", 10.0), ("clustered", 1.0), ("clustered", 0.05),
+         ("constant", 1.0)]
+
+
+@pytest.mark.parametrize("dtype,limit", [(torch.float64, 1e-5), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("kind,sigma,layout", [(k, s, "segments") for k, s in CASES]
+                         + [("uniform", 0.1, "scatter"), ("clustered", 0.05, "scatter")])
+def test_fast_matches_exact_kernel(dtype, limit, kind, sigma, layout, monkeypatch):
+    if layout == "scatter":
+        monkeypatch.setattr(apv_kernel, "FAST_SEGMENT_MAX_BOXES", 0)
     g = torch.Generator().manual_seed(3)
-    n, d = 3000, 8
+    n, d = 2000, 8
     s = scores(kind, n, g, dtype)
     h = torch.randn(n, d, generator=g, dtype=dtype).relu()
     upstream = torch.randn(n, d, generator=g, dtype=dtype)
@@ -78,7 +91,7 @@ def test_fast_matches_exact_kernel(dtype, limit, kind, sigma):
 def test_fast_on_apv_scores_at_20k_nodes():
     """The path auto takes above 4096 nodes, on real APV scores, gradients through a and h."""
     g = torch.Generator().manual_seed(4)
-    n, d = 20_000, 16
+    n, d = 20_000, 4
     h0 = torch.randn(n, d, generator=g, dtype=torch.float64).relu()
     a0 = torch.randn(d, generator=g, dtype=torch.float64)
     upstream = torch.randn(n, d, generator=g, dtype=torch.float64)
