@@ -6,7 +6,9 @@
 Error table: for each N, float32 and float64, and two score distributions —
 ``apv`` (cosine APV scores of ReLU embeddings against a random APV, σ = 1, the
 config default) and ``clustered`` (four tight clusters in [−1, 1], σ = 0.1) —
-the max abs error of z, ∂L/∂s and ∂L/∂h divided by the exact maximum, with
+the max abs error of z, ∂L/∂s and ∂L/∂h of the fast kernel divided by the
+maximum of the exact kernel in float64 (column "exact32": the largest of the
+same three errors for the exact kernel run in float32), with
 L = Σ_i ⟨G_i, z_i⟩ for a random upstream G. Up to ``--exact-max`` nodes the
 exact reference is the chunked kernel over all rows. Above it the reference is
 still exact but restricted: G is zero outside ``--sample-rows`` random rows, so
@@ -57,11 +59,11 @@ def make_case(dist: str, n: int, dim: int, dtype, seed: int = 0):
     return s.clamp_(-1, 1), h, 0.1, upstream
 
 
-def exact_rows(s, h, sigma, upstream, rows, block=64):
-    """Exact z[rows], ∂L/∂s, ∂L/∂h for L = Σ_{i∈rows} ⟨G_i, z_i⟩, in float64 row blocks."""
-    s64 = s.detach().double().requires_grad_()
-    h64 = h.detach().double().requires_grad_()
-    g64 = upstream.double()
+def exact_rows(s, h, sigma, upstream, rows, block=64, dtype=torch.float64):
+    """Exact z[rows], ∂L/∂s, ∂L/∂h for L = Σ_{i∈rows} ⟨G_i, z_i⟩, in row blocks (float64 by default)."""
+    s64 = s.detach().to(dtype).clone().requires_grad_()
+    h64 = h.detach().to(dtype).clone().requires_grad_()
+    g64 = upstream.to(dtype)
     zs = []
     for start in range(0, rows.numel(), block):
         idx = rows[start:start + block]
@@ -90,21 +92,31 @@ def error_row(dist: str, n: int, dim: int, dtype, exact_max: int, sample_rows: i
     z = kernel_smooth_fast(s, h, sigma)
     (z * upstream).sum().backward()
     fast = (z.detach(), s.grad, h.grad)
+    # reference: the exact kernel in float64; for float32 rows also the exact kernel's own float32 error
+    exact32 = None
     if n > exact_max:
         ref = exact_rows(s0, h0, sigma, upstream, rows)
         fast = (fast[0][rows],) + fast[1:]
-        reference = f"exact, {sample_rows} sampled rows (float64)"
+        if dtype == torch.float32:
+            exact32 = exact_rows(s0, h0, sigma, upstream, rows, dtype=torch.float32)
+        reference = f"exact float64, {sample_rows} sampled rows"
     else:
-        s, h = s0.clone().requires_grad_(), h0.clone().requires_grad_()
-        zc = kernel_smooth_chunked(s, h, sigma)
-        (zc * upstream).sum().backward()
-        ref = (zc.detach(), s.grad, h.grad)
-        reference = "exact chunked, all rows"
+        def chunked(dt):
+            s, h = s0.to(dt).clone().requires_grad_(), h0.to(dt).clone().requires_grad_()
+            zc = kernel_smooth_chunked(s, h, sigma)
+            (zc * upstream.to(dt)).sum().backward()
+            return zc.detach(), s.grad, h.grad
+        ref = chunked(torch.float64)
+        if dtype == torch.float32:
+            exact32 = chunked(torch.float32)
+        reference = "exact float64, all rows"
+    exact32_err = max(rel(x, r) for x, r in zip(exact32, ref)) if exact32 is not None else None
     p, m, eps = fast_kernel_parameters(n)
     return {"dist": dist, "sigma": sigma, "nodes": n, "dtype": str(dtype).split(".")[-1],
             "rel_err_z": rel(fast[0], ref[0]), "rel_err_grad_s": rel(fast[1], ref[1]),
             "rel_err_grad_h": rel(fast[2], ref[2]), "terms": p, "offsets": m,
-            "bound_vs_max_h": 2 * n * eps / (1 - n * eps), "reference": reference}
+            "bound_vs_max_h": 2 * n * eps / (1 - n * eps), "reference": reference,
+            "exact_float32_max_err": exact32_err}
 
 
 def time_case(impl: str, n: int, dim: int) -> dict:
@@ -153,7 +165,8 @@ def main() -> None:
 
     sizes = [int(x) for x in args.sizes.split(",")]
     errors = []
-    print(f"{'dist':>9} {'σ':>4} {'N':>7} {'dtype':>8} {'z':>8} {'∂s':>8} {'∂h':>8} {'p':>3} {'m':>3} reference")
+    print(f"{'dist':>9} {'σ':>4} {'N':>7} {'dtype':>8} {'z':>8} {'∂s':>8} {'∂h':>8} {'p':>3} {'m':>3} "
+          f"{'exact32':>8} reference")
     for n in sizes:
         for dtype in ("float32", "float64"):
             for dist in ("apv", "clustered"):
@@ -166,7 +179,8 @@ def main() -> None:
                     continue
                 print(f"{dist:>9} {row['sigma']:>4} {n:>7} {dtype:>8} {row['rel_err_z']:8.1e} "
                       f"{row['rel_err_grad_s']:8.1e} {row['rel_err_grad_h']:8.1e} {row['terms']:>3} "
-                      f"{row['offsets']:>3} {row['reference']}", flush=True)
+                      f"{row['offsets']:>3} {format(row['exact_float32_max_err'] or 0, '8.1e') if row['exact_float32_max_err'] else '       –'} "
+                      f"{row['reference']}", flush=True)
     timings = []
     if not args.skip_timing:
         print(f"\n{'impl':>8} {'N':>7} {'fwd s':>8} {'bwd s':>8} {'total s':>8} {'extra MiB':>10}")
