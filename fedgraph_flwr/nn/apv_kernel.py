@@ -37,8 +37,9 @@ Two approximations, applied to disjoint pairs (i, j):
 2. Near field: f_o is replaced by its tensor Chebyshev interpolant I_p f_o
    of p×p terms (coefficients C_o from the values at p×p Chebyshev points;
    C_o does not depend on σ or on the data). f_o is entire; on the product of
-   Bernstein ellipses E_R × E_R, |Im t|, |Im u| ≤ (R − 1/R)/2, so
-   |f_o| ≤ exp((Im of the exponent's base)²) ≤ M_R := exp(ρ²(R − 1/R)²),
+   Bernstein ellipses E_R × E_R, |Im t|, |Im u| ≤ (R − 1/R)/2, so with
+   ζ = o·w/σ + ρ(t − u), |f_o| = exp(−Re ζ²) = exp((Im ζ)² − (Re ζ)²)
+   ≤ M_R := exp(ρ²(R − 1/R)²),
    and the 2-D Chebyshev coefficients obey |c_kl| ≤ 4·M_R·R^{−k−l}.
    Interpolation aliases every coefficient with max(k, l) ≥ p onto one with
    k, l < p, and |T_k| ≤ 1, so for every t, u ∈ [−1, 1]::
@@ -68,11 +69,18 @@ holds relative to max|z| even when max|z| ≪ max|h|), then the smallest m and p
 that meet ε. For N = 169,343 that is m = 12 offsets each side and p = 21 terms.
 The gradients are exact derivatives (custom backward of the two box operations,
 autograd elsewhere) of the approximate kernel, whose entries and s-derivatives
-are within ε of the exact ones, so ∂L/∂h = βᵀG and ∂L/∂s carry errors of the
-same order (measured in tests/test_apv_kernel.py and benchmarks/apv_kernel.py).
+are within ε of the exact ones (both bounds above); ∂L/∂h = Σ_i β_ij G_i and
+∂L/∂s are again sums of N such entries over M_i ≥ 1, so the same argument bounds
+their errors by O(N·ε) times max|G|·max|h| (and 1/σ for ∂s). We do not state
+that constant; the gradient errors are measured instead (tests/test_apv_kernel.py,
+benchmarks/apv_kernel_fast.py: ≤ 1e-11 relative in float64).
 The bound is for exact arithmetic; float32 inputs are expanded in float64 by
-default and z is rounded back, so float32 results differ from the exact kernel
-by float32 rounding only (measured ≤ 3e-6, the exact float32 kernel's own level). Box assignment and the grid are detached (piecewise-constant in s).
+default and z is rounded back, so float32 results differ from the float64 exact
+kernel by about float32 rounding (measured ≤ 1e-7; the exact kernel run in
+float32 is off by up to ~1e-5 in ∂L/∂s). Box assignment and the grid are
+detached (piecewise-constant in s). Rows are sorted by box and each box is one
+matmul with its [n_box, p] Chebyshev basis; above ``FAST_SEGMENT_MAX_BOXES``
+boxes the same sums are scatter/gather loops over the p terms.
 If the grid would hold more box-offset pairs than N nodes (σ tiny next to the
 score range), ``fast`` falls back to the exact chunked kernel.
 
