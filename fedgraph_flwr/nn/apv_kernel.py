@@ -455,8 +455,7 @@ def kernel_smooth_fast(s: torch.Tensor, h: torch.Tensor, sigma: float, tol: floa
     (the p-term sums lose a few bits in float32, enough to put ∂L/∂s near 1e-5;
     in float64 the float32 result is within its own rounding of the exact kernel).
     """
-    if inner_float64 and s.dtype != torch.float64:
-        return kernel_smooth_fast(s.double(), h.double(), sigma, tol, block_elems, False).to(h.dtype)
+    work = torch.float64 if inner_float64 else s.dtype
     n = s.numel()
     p, m, _ = fast_kernel_parameters(n, tol)
     width = FAST_BOX_WIDTH * float(sigma)
@@ -471,20 +470,25 @@ def kernel_smooth_fast(s: torch.Tensor, h: torch.Tensor, sigma: float, tol: floa
     order = None
     if nbox <= FAST_SEGMENT_MAX_BOXES:  # sort rows by box: each box is a contiguous block
         box, order = torch.sort(box, stable=True)
-        s, h = s[order], h[order]
+        s, h_rows = s[order], h[order]
         counts = torch.bincount(box, minlength=nbox).tolist()
         ends = list(itertools.accumulate(counts))
         segments = [(b, e - c, e) for b, (c, e) in enumerate(zip(counts, ends)) if c]
-    centre = start + (box.to(s.dtype) + 0.5) * width
+    else:
+        h_rows = h
+    s = s.to(work)
+    centre = start + (box.to(work) + 0.5) * width
     t = ((s - centre) / (width / 2)).clamp(-1.0, 1.0)  # clamp only trims rounding
     basis = _chebyshev_basis(t, p)  # [N, p]
     ones = torch.ones(n, 1, dtype=h.dtype, device=h.device)
-    values = torch.cat([h, ones], dim=1)  # [N, d'+1]: numerator and denominator together
+    # [N, d'+1]: numerator and denominator together; built in h's dtype, then one cast
+    values = torch.cat([h_rows, ones], dim=1).to(work)
+    del h_rows
     if order is None:
         moments = _BoxMoments.apply(basis, values, box, nbox)  # [p, B, c]
     else:
         moments = _SegmentMoments.apply(basis, values, segments, nbox)
-    coefs = _fast_offset_coefficients(p, m).to(device=s.device, dtype=h.dtype)  # [2m+1, p, p]
+    coefs = _fast_offset_coefficients(p, m).to(device=s.device, dtype=work)  # [2m+1, p, p]
     padded = F.pad(moments, (0, 0, m, m))  # [p, B + 2m, c]
     local = None
     for o in range(-m, m + 1):
@@ -493,13 +497,11 @@ def kernel_smooth_fast(s: torch.Tensor, h: torch.Tensor, sigma: float, tol: floa
         local = term if local is None else local + term
     if order is None:
         out = _BoxEval.apply(basis, local, box)  # [N, d'+1]
-    else:
-        out = _SegmentEval.apply(basis, local, segments)
-        unsort = torch.empty_like(order)
-        unsort[order] = torch.arange(n, device=order.device)
-        out = out[unsort]
-    return out[:, :-1] / out[:, -1:]
-
+        return (out[:, :-1] / out[:, -1:]).to(h.dtype)
+    out = _SegmentEval.apply(basis, local, segments)
+    unsort = torch.empty_like(order)
+    unsort[order] = torch.arange(n, device=order.device)
+    return (out[:, :-1] / out[:, -1:]).to(h.dtype)[unsort]
 
 def kernel_smooth(
     s: torch.Tensor,
