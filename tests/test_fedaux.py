@@ -25,6 +25,7 @@ from fedgraph_flwr.nn.apv_kernel import (
     kernel_smooth_chebyshev,
     kernel_smooth_chunked,
     kernel_smooth_dense,
+    kernel_smooth_fast,
     kernel_weights_dense,
 )
 from fedgraph_flwr.nn.fedaux_net import FedAuxNet
@@ -155,13 +156,17 @@ def test_chebyshev_degree_is_adaptive_and_accurate():
     assert not torch.allclose(kernel_smooth_chebyshev(s, h, 0.5, degree=6), ref, atol=1e-3)
 
 
-def test_auto_switches_to_chunked_above_threshold():
+def test_auto_switches_to_fast_above_threshold():
+    """auto: the exact dense kernel at or below dense_max_nodes (published numbers), fast above."""
     h = embeddings(50, 3)
     s = torch.rand(50, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-    z = kernel_smooth(s, h.requires_grad_(), 1.0, "auto", dense_max_nodes=10)
-    assert "Chunked" in type(z.grad_fn).__name__
-    z = kernel_smooth(s, h, 1.0, "auto", dense_max_nodes=100)
-    assert "Chunked" not in type(z.grad_fn).__name__
+    dense = kernel_smooth_dense(s, h, 1.0)
+    z = kernel_smooth(s, h.requires_grad_(), 1.0, "auto", dense_max_nodes=50)
+    assert torch.equal(z, dense)  # bit-identical to the dense formula at the threshold
+    z = kernel_smooth(s, h, 1.0, "auto", dense_max_nodes=49)
+    assert torch.equal(z, kernel_smooth_fast(s, h, 1.0)) and not torch.equal(z, dense)
+    assert torch.allclose(z, dense, atol=1e-12)
+    assert "Chunked" in type(kernel_smooth(s, h, 1.0, "chunked").grad_fn).__name__
 
 
 # --- Theorem 3.1: Oja's rule ----------------------------------------------------------------

@@ -58,10 +58,11 @@ class FedAuxOptions(Options, prefix="fedaux"):
     score: str = option("cosine", "APV node score: cosine (reference code) | maxnorm (paper's Eq. 1)",
                         choices=SCORE_MODES)
     sigma: float = option(1.0, "Gaussian kernel bandwidth σ", low=0.0, low_inclusive=False)
-    kernel: str = option("auto", "kernel smoother implementation: auto | dense | chunked | chebyshev",
+    kernel: str = option("auto", "kernel smoother: auto (dense up to dense-max-nodes, fast above) | dense | "
+                         "chunked (exact, any size) | chebyshev | fast (error ≤ 1e-9·max|h|, linear in N)",
                          choices=KERNEL_IMPLS)
-    dense_max_nodes: int = option(4096, "kernel=auto: dense kernel up to this many nodes, chunked "
-                                  "above", low=0)
+    dense_max_nodes: int = option(4096, "kernel=auto: exact dense kernel up to this many nodes, "
+                                  "fast above", low=0)
     apv_init: str = option("normal", "APV init: normal N(0, I) (paper) | uniform U(0, 1) (code)",
                            choices=APV_INITS)
     hard_kernel: int = option(3, "Conv1D kernel size of the hard variant (odd)", low=1)
