@@ -178,10 +178,11 @@ def main() -> None:
                 if "error" in row:
                     print(f"{dist:>9} {n:>7} {dtype:>8} failed: {row['error']}")
                     continue
+                exact32 = row["exact_float32_max_err"]
+                exact32_text = format(exact32, "8.1e") if exact32 else "       –"
                 print(f"{dist:>9} {row['sigma']:>4} {n:>7} {dtype:>8} {row['rel_err_z']:8.1e} "
                       f"{row['rel_err_grad_s']:8.1e} {row['rel_err_grad_h']:8.1e} {row['terms']:>3} "
-                      f"{row['offsets']:>3} {format(row['exact_float32_max_err'] or 0, '8.1e') if row['exact_float32_max_err'] else '       –'} "
-                      f"{row['reference']}", flush=True)
+                      f"{row['offsets']:>3} {exact32_text} {row['reference']}", flush=True)
     timings = []
     if not args.skip_timing:
         print(f"\n{'impl':>8} {'N':>7} {'fwd s':>8} {'bwd s':>8} {'total s':>8} {'extra MiB':>10}")
@@ -192,7 +193,8 @@ def main() -> None:
                     if last_exact:
                         est = last_exact["total_s"] * (n / last_exact["nodes"]) ** 2
                         timings.append({"impl": impl, "nodes": n, "total_s_estimated": est})
-                        print(f"{impl:>8} {n:>7} {'':>8} {'':>8} {'~' + format(est, '.0f'):>8} {'(est.)':>10}")
+                        shown = "~" + format(est, ".0f")
+                        print(f"{impl:>8} {n:>7} {'':>8} {'':>8} {shown:>8} {'(est.)':>10}")
                     continue
                 row = run_worker([impl, str(n), "--dim", str(args.dim)], args.threads)
                 row.setdefault("impl", impl)
