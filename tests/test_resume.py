@@ -78,7 +78,7 @@ def test_flower_resume_after_server_crash_matches_uninterrupted(uninterrupted, t
     checkpoint = state_codec.decode((tmp_path / "crashed" / "checkpoint.pt").read_bytes())
     assert checkpoint["round"] == CRASH_ROUND - 1
     # The clients got further than the checkpoint: each saved its round-3 state.
-    on_disk = sorted(p.name.split(".")[-2] for p in Path(cfg["client-state-dir"]).iterdir())
+    on_disk = sorted(p.name.split(".")[-2] for p in Path(cfg["client-state-dir"]).glob("client_*/*.pt"))
     assert on_disk == ["r000002"] * 3 + ["r000003"] * 3
     capfd.readouterr()
 
