@@ -76,11 +76,10 @@ from ..nn.gcn import GCN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import cosine_similarity, mix
 from .options import Options, option
-from .supervised import SupervisedTrainer
+from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
 
 BACKBONES = ("gamlp", "gcn")
 MOMENT_TYPES = ("raw", "central", "hybrid")
-EVALUATE_POINTS = ("after-train", "before-train")
 MOMENTS_KEY = "moments"
 CONFIDENCE_KEY = "confidence"
 LOG_EPS = 1e-8  # the code's eps inside log(p + eps)
@@ -197,7 +196,7 @@ def accept_weights(signatures: np.ndarray, confidences: np.ndarray, threshold: f
 
 
 # --- the algorithm ------------------------------------------------------------------------
-class FedGTATrainer(SupervisedTrainer):
+class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
     """GAMLP (or GCN) trained locally; reports LP moments and a smoothing confidence."""
 
     options_class = FedGTAOptions
@@ -212,7 +211,6 @@ class FedGTATrainer(SupervisedTrainer):
         self.degree = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
         self.hops = (propagate_hops(data.x, self.adjacency, opts.prop_steps)
                      if opts.backbone == "gamlp" else None)
-        self.received_metrics: dict[str, float] | None = None
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
@@ -230,8 +228,7 @@ class FedGTATrainer(SupervisedTrainer):
         return self.model(self.hops)
 
     def train(self, epochs: int) -> dict[str, float]:
-        if self.options.evaluate == "before-train":
-            self.received_metrics = super().evaluate()
+        self.score_received_model()
         if self.hops is None:
             return super().train(epochs)
         # GAMLP is node-wise: only the training rows are fed in (as the code does, which
@@ -247,13 +244,6 @@ class FedGTATrainer(SupervisedTrainer):
             self.optimizer.step()
             loss_value = float(loss.detach())
         return {"train_loss": loss_value}
-
-    def evaluate(self) -> dict[str, float]:
-        """The model after local training, or (``before-train``) the one ``train`` received."""
-        if self.received_metrics is not None:
-            metrics, self.received_metrics = self.received_metrics, None
-            return metrics
-        return super().evaluate()
 
     @torch.no_grad()
     def topology_summary(self) -> tuple[torch.Tensor, torch.Tensor]:

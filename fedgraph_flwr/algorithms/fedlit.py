@@ -105,11 +105,10 @@ from ..nn.multichannel_gcn import CHANNEL_PREFIX, SHARED_PREFIXES, MultiChannelG
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import average, cosine_similarity
 from .options import Options, option
-from .supervised import SupervisedTrainer
+from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
 
 DOWNLOADS = ("own", "last-client")
 MATCH_MAPS = ("matched", "inverse")
-EVALUATE_POINTS = ("after-train", "before-train")
 CENTROIDS_KEY = "centroids"  # signature [K, 2h] and payload [K, 2h] (the client's centres)
 CLUSTER_TRAIN_KEY = "cluster_train"  # signature [K]: training nodes per edge subgraph
 KMEANS_BATCH = 1024  # the code's MiniBatchKMeans settings
@@ -251,7 +250,7 @@ def channel_names(arrays: Arrays, k: int) -> dict[str, str]:
 
 
 # --- the algorithm ------------------------------------------------------------------------
-class FedLitTrainer(SupervisedTrainer):
+class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
     """Multi-channel GCN over EM-clustered latent link types; uploads everything plus the
     centroids and per-cluster training counts."""
 
@@ -265,7 +264,6 @@ class FedLitTrainer(SupervisedTrainer):
         self.centroids: torch.Tensor | None = None  # [K, 2h]; None until the first k-means
         self.cluster_train = torch.zeros(self.options.link_types, dtype=torch.long,
                                          device=self.device)
-        self.received_metrics: dict[str, float] | None = None
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
@@ -298,8 +296,7 @@ class FedLitTrainer(SupervisedTrainer):
         return self.model.classify(self.model.propagate(h, data.edge_index, types))
 
     def train(self, epochs: int) -> dict[str, float]:
-        if self.options.evaluate == "before-train":
-            self.received_metrics = super().evaluate()
+        self.score_received_model()
         self.model.train()
         data = self.data
         loss_value = float("nan")
@@ -315,13 +312,6 @@ class FedLitTrainer(SupervisedTrainer):
             self.optimizer.step()
             loss_value = float(loss.detach())
         return {"train_loss": loss_value}
-
-    def evaluate(self) -> dict[str, float]:
-        """The model after local training, or (``before-train``) the one ``train`` received."""
-        if self.received_metrics is not None:
-            metrics, self.received_metrics = self.received_metrics, None
-            return metrics
-        return super().evaluate()
 
     def load_payload(self, arrays: Arrays) -> None:
         """The shared layers, the channels in this client's slots and its centres."""

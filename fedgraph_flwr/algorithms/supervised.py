@@ -167,3 +167,28 @@ class SupervisedTrainer(ClientTrainer):
     def load_local_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+#: When a trainer's reported metrics are taken: after its local training (the FED-PUB
+#: protocol) or on the model the server sent, before training (FedGTA's and FedLit's codes).
+EVALUATE_POINTS = ("after-train", "before-train")
+
+
+class EvaluatesReceivedModel:
+    """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose
+    options have ``evaluate`` in :data:`EVALUATE_POINTS`: with ``before-train`` the round's
+    metrics describe the model ``train`` received, scored by :meth:`score_received_model`
+    at the start of ``train``."""
+
+    received_metrics: dict[str, float] | None = None
+
+    def score_received_model(self) -> None:
+        if self.options.evaluate == "before-train":
+            self.received_metrics = super().evaluate()
+
+    def evaluate(self) -> dict[str, float]:
+        """The model after local training, or (``before-train``) the one ``train`` received."""
+        if self.received_metrics is not None:
+            metrics, self.received_metrics = self.received_metrics, None
+            return metrics
+        return super().evaluate()
