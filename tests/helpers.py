@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+from torch_geometric.data import Data
+from torch_geometric.utils import to_undirected
+
 # Per-client metric keys that differ run to run (wall times, serialised state size).
 TIMING = ("time-", "state-bytes")
 
@@ -56,3 +60,19 @@ def simulation_equals_in_process(config: dict, out, num_supernodes: int) -> dict
     assert round_metrics(flower) == round_metrics(inproc)
     assert 0 < flower["final"]["test_at_best_val"] <= 100
     return flower
+
+
+def labelled_graph(n: int = 60, num_classes: int = 3, num_features: int = 8, seed: int = 0,
+                   degree: int = 3) -> Data:
+    """A seeded random graph for algorithm tests: labels, features shifted by the label,
+    ``degree·n`` random edges (made undirected), train/val/test a third each."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    x = torch.randn(n, num_features, generator=g) + y[:, None].float()
+    edge_index = to_undirected(torch.randint(0, n, (2, degree * n), generator=g))
+    perm = torch.randperm(n, generator=g)
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    for mask, part in zip(masks, (perm[: n // 3], perm[n // 3: 2 * n // 3], perm[2 * n // 3:])):
+        mask[part] = True
+    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
+                test_mask=masks[2])

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
-from torch_geometric.utils import to_undirected
 
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedgta import (
@@ -30,7 +29,7 @@ from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gamlp import GAMLP, normalized_adjacency, propagate_hops
 
-from helpers import round_metrics, simulation_equals_in_process
+from helpers import labelled_graph, round_metrics, simulation_equals_in_process
 
 CPU = torch.device("cpu")
 # A path 0 - 1 - 2, both directions.
@@ -41,16 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _graph(n: int = 60, num_classes: int = 3, seed: int = 0) -> Data:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, num_classes, (n,), generator=g)
-    x = torch.randn(n, 8, generator=g) + y[:, None].float()
-    edge_index = to_undirected(torch.randint(0, n, (2, 3 * n), generator=g))
-    perm = torch.randperm(n, generator=g)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    for mask, part in zip(masks, (perm[: n // 3], perm[n // 3: 2 * n // 3], perm[2 * n // 3:])):
-        mask[part] = True
-    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
-                test_mask=masks[2])
+    return labelled_graph(n, num_classes, seed=seed)
 
 
 def _config(**extra) -> dict:

@@ -22,7 +22,7 @@ from fedgraph_flwr.nn.fedstar_net import (
     structure_encoding,
 )
 
-from helpers import simulation_equals_in_process
+from helpers import labelled_graph, simulation_equals_in_process
 
 CPU = torch.device("cpu")
 PATH = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])  # 0 - 1 - 2
@@ -34,16 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _graph(n: int = 60, seed: int = 0) -> Data:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    x = torch.randn(n, 8, generator=g) + y[:, None].float()
-    edge_index = to_undirected(torch.randint(0, n, (2, 3 * n), generator=g))
-    perm = torch.randperm(n, generator=g)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    for mask, part in zip(masks, (perm[: n // 3], perm[n // 3: 2 * n // 3], perm[2 * n // 3:])):
-        mask[part] = True
-    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
-                test_mask=masks[2])
+    return labelled_graph(n, seed=seed)
 
 
 def _config(**extra) -> dict:

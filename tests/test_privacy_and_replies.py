@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data
-from torch_geometric.utils import to_undirected
 
 from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
 
-from helpers import contract_metrics
+from helpers import contract_metrics, labelled_graph
 
 NUM_FEATURES, NUM_CLASSES = 12, 3
 
@@ -34,18 +33,9 @@ PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset({
 
 
 def _graph(n: int, seed: int) -> Data:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
-    x = torch.randn(n, NUM_FEATURES, generator=g) + y[:, None].float()
-    edge_index = to_undirected(torch.randint(0, n, (2, 4 * n), generator=g))
-    perm = torch.randperm(n, generator=g)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    masks[0][perm[: n // 3]] = True
-    masks[1][perm[n // 3: 2 * n // 3]] = True
-    masks[2][perm[2 * n // 3:]] = True
-    # global_id: what the partition cache gives every client (FedGNN hashes it).
-    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
-                test_mask=masks[2], global_id=torch.arange(n))
+    graph = labelled_graph(n, NUM_CLASSES, NUM_FEATURES, seed, degree=4)
+    graph.global_id = torch.arange(n)  # what the partition cache gives every client (FedGNN hashes it)
+    return graph
 
 
 def _config(algorithm: str) -> dict:
