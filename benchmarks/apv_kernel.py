@@ -105,8 +105,9 @@ def error_rows(n: int, dim: int) -> list[dict]:
     return rows
 
 
-def run_worker(args: list[str], threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", *args, "--threads", str(threads)]
+def run_worker(args: list[str], threads: int, script: str = __file__) -> dict:
+    """``script --worker ARGS --threads T`` in a fresh process: its last stdout line as JSON."""
+    cmd = [sys.executable, script, "--worker", *args, "--threads", str(threads)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}

@@ -27,21 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
-import subprocess
-import sys
 import time
 
+# benchmarks/ is the script's folder, so its sibling imports by name.
+import apv_kernel
 import torch
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+from apv_kernel import peak_rss_mib, rss_mib
 
 
 def make_case(dist: str, n: int, dim: int, dtype, seed: int = 0):
@@ -135,11 +126,7 @@ def time_case(impl: str, n: int, dim: int) -> dict:
 
 
 def run_worker(args: list[str], threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", *args, "--threads", str(threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return apv_kernel.run_worker(args, threads, script=__file__)
 
 
 def main() -> None:
