@@ -27,13 +27,7 @@ from fedgraph_flwr.nn.apv_kernel import (
     kernel_smooth_fast,
 )
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def scores(kind: str, n: int, g: torch.Generator, dtype) -> torch.Tensor:

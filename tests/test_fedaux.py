@@ -31,14 +31,7 @@ from fedgraph_flwr.nn.apv_kernel import (
 from fedgraph_flwr.nn.fedaux_net import FedAuxNet
 from fedgraph_flwr.nn.masked import MaskedGCNConv, MaskedLinear
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These graphs are tiny: one thread is faster and immune to oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_config(**overrides) -> dict:
