@@ -6,7 +6,7 @@
 #   deploy/scripts/compose_smoke.sh [--rounds 3] [--torch-wheels DIR] [--keep]
 #
 # Compose tool: the first found of Docker Compose v2 (`docker compose`), Debian's
-# docker-compose (>= 1.29) and podman-compose; it says which. Base image: $BASE_IMAGE if
+# docker-compose (>= 1.29) and podman-compose (COMPOSE_TOOL=... picks one); it says which. Base image: $BASE_IMAGE if
 # set, else python:3.11-slim if it is here or can be pulled, else one built from Debian
 # packages by make_base_image.sh (needs root). --torch-wheels DIR serves DIR's wheels to
 # the build (a local CPU torch wheel, where download.pytorch.org is out of reach).
@@ -33,7 +33,10 @@ say() { echo "compose_smoke: $*"; }
 die() { echo "compose_smoke.sh: error: $*" >&2; exit 1; }
 
 # --- which engine and compose tool ------------------------------------------------------
-if command -v docker >/dev/null && docker compose version >/dev/null 2>&1; then
+if [ -n "${COMPOSE_TOOL:-}" ]; then  # "docker compose", docker-compose or podman-compose
+  read -r -a COMPOSE <<<"$COMPOSE_TOOL"
+  case "${COMPOSE[0]}" in podman*) ENGINE=podman ;; *) ENGINE=docker ;; esac
+elif command -v docker >/dev/null && docker compose version >/dev/null 2>&1; then
   ENGINE=docker; COMPOSE=(docker compose)
 elif command -v docker-compose >/dev/null && command -v docker >/dev/null; then
   ENGINE=docker; COMPOSE=(docker-compose)

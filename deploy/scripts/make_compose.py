@@ -79,7 +79,9 @@ def _image(gpu: bool, build: bool = False) -> dict:
     spec: dict = {"image": tag}
     if build:
         spec["build"] = {"context": "..", "dockerfile": "deploy/Dockerfile",
-                         "args": {"TORCH_INDEX_URL": index}}
+                         "args": {"TORCH_INDEX_URL": index,
+                                  # no registry here? make_base_image.sh's image
+                                  "BASE_IMAGE": "${FEDGRAPH_BASE_IMAGE:-python:3.11-slim}"}}
     else:
         spec["pull_policy"] = "never"  # a local image: built by the service that has `build`
     # prepare.py writes your uid/gid to .env: the mounted keys are mode 0600.
