@@ -38,7 +38,11 @@ HEADER = """\
 # Walk-through: deploy/README.md. tests/test_compose.py checks this file.
 #
 # Compose versions: Docker Compose v2, or docker-compose >= 1.29 (profiles, GPU
-# reservations, `condition: service_completed_successfully`); podman-compose untested.
+# reservations, `condition: service_completed_successfully`). deploy/scripts/compose_smoke.sh
+# ran it with Debian 12's docker-compose 1.29.2 + docker.io 20.10. Not with Debian 12's
+# podman 4.3.1 + podman-compose 1.6.0: that podman ignores `condition: service_healthy`
+# and refuses to start the SuperNodes ("depends on container ... not found in input
+# list", the `register` -> `superlink` chain); use Docker, or a newer podman.
 # No top-level `name:` (docker-compose 1.29 rejects it): the project name comes from
 # COMPOSE_PROJECT_NAME in .env (prepare.py writes fedgraph-flwr), which all of them read.
 # Port 8000 is published on 127.0.0.1 only; to let SuperNodes on other machines in, set
