@@ -129,6 +129,33 @@ def test_channels_run_on_their_edge_subgraphs_and_sum():
     assert isinstance(model.channels[0], LinkTypeChannel)
 
 
+def test_sgc_and_sage_channels_by_hand():
+    """fedlit-gnn: an SGC channel is linear, Â² (lin(x)) W + b with Â = D^-1/2 A D^-1/2 (no
+    self-loops) on the path; a SAGE channel's first layer is ReLU(W_r lin(x) + W_l mean of
+    the neighbours' lin(x)); the GCN default keeps its parameter names."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    adjacency = torch.zeros(4, 4)
+    adjacency[PATH4[1], PATH4[0]] = 1.0  # target row, source column
+    degree = adjacency.sum(1)
+    a_hat = adjacency / torch.sqrt(degree[:, None] * degree[None, :])
+    sgc = LinkTypeChannel(3, num_layers=2, dropout=0.5, conv="sgc").eval()
+    z = sgc.lin(x)
+    expected = (a_hat @ a_hat @ z) @ sgc.convs[0].lin.weight.t() + sgc.convs[0].lin.bias
+    torch.testing.assert_close(sgc(x, PATH4), expected)
+    assert len(sgc.convs) == 1 and (sgc(x, PATH4) < 0).any()  # no ReLU: linear
+    sage = LinkTypeChannel(3, num_layers=1, dropout=0.0, conv="sage").eval()
+    z = sage.lin(x)
+    mean = (adjacency / degree[:, None]) @ z
+    conv = sage.convs[0]
+    expected = torch.relu(mean @ conv.lin_l.weight.t() + conv.lin_l.bias + z @ conv.lin_r.weight.t())
+    torch.testing.assert_close(sage(x, PATH4), expected)
+    with pytest.raises(ValueError, match="conv"):
+        LinkTypeChannel(3, 1, 0.0, conv="gat")
+    model = FedLitTrainer.build_model(5, 3, _config(**{"fedlit-gnn": "sgc"}))
+    assert isinstance(model.channels[0].convs[0], type(sgc.convs[0]))
+
+
 # --- the server ---------------------------------------------------------------------------
 def test_greedy_alignment_by_hand():
     """Centres e0, e1. Cluster 1 ([1, 0.1], cos 0.995 with e0) beats cluster 0 ([1, 0.5],

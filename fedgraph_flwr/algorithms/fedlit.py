@@ -77,6 +77,8 @@ PubMed-diabetes with oracle link types, and their settings (K = 4, 2 GCN layers,
 64, lr 0.01, weight decay 5e-4, dropout 0.5, 1 local epoch, 100 rounds,
 ``run_FedLIT_trainer.sh``) are in ``configs/fedlit/``. Exact code:
 ``fedlit-download=last-client``, ``fedlit-match-map=inverse``, ``fedlit-evaluate=before-train``.
+``fedlit-gnn`` (gcn) swaps each channel's layers for SGC or GraphSAGE, for FedSpray's
+protocol table (its columns GCN / SGC / SAGE).
 
 Other code details: the code reports the *final* round's test accuracy and evaluates "val"
 on the training mask (spec §6.6.2): the engine's protocol (best-val round) is used instead.
@@ -101,7 +103,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
-from ..nn.multichannel_gcn import CHANNEL_PREFIX, SHARED_PREFIXES, MultiChannelGCN
+from ..nn.multichannel_gcn import CHANNEL_CONVS, CHANNEL_PREFIX, SHARED_PREFIXES, MultiChannelGCN
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
 from .mixing import average, cosine_similarity
 from .options import Options, option
@@ -129,6 +131,8 @@ class FedLitOptions(Options, prefix="fedlit"):
     match_map: str = option("matched", "matched (local type -> the centre it matched) | "
                             "inverse (the code's transposed argmax: the inverse permutation)",
                             choices=MATCH_MAPS)
+    gnn: str = option("gcn", "each channel's layers: gcn (paper, code) | sgc | sage (FedSpray's "
+                      "Table 2 columns; see nn/multichannel_gcn.py)", choices=CHANNEL_CONVS)
     evaluate: str = option("after-train", "after-train (FED-PUB protocol) | before-train (the "
                            "code: the received model and centres)", choices=EVALUATE_POINTS)
 
@@ -271,7 +275,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
         return MultiChannelGCN(num_features, int(config["hidden"]), num_classes,
                                num_link_types=opts.link_types,
                                num_layers=int(config["num-layers"]),
-                               dropout=float(config["dropout"]))
+                               dropout=float(config["dropout"]), conv=opts.gnn)
 
     def edge_types(self, h: torch.Tensor, update: bool) -> torch.Tensor:
         """Each edge's type [m] from h [n, d] (detached here). ``update``: the training

@@ -10,13 +10,20 @@ The official code's ``multichannel_GCN`` (``src/models/models.py``, DGL), in PyG
     out[v] = Σ_{k : v ∈ V_k} z_k[v]                               [n, h]   0 for isolated v
     logits = classifier(out)                                      [n, C]   shared classifier
 
-``conv_l`` is a GCN layer without self-loops, D^{-1/2} A_k D^{-1/2} (DGL ``GraphConv``,
-norm "both", weight and bias, Glorot weights and zero biases as DGL initialises them).
+``conv_l`` is, by default (``conv="gcn"``, the paper and code), a GCN layer without
+self-loops, D^{-1/2} A_k D^{-1/2} (DGL ``GraphConv``, norm "both", weight and bias,
+Glorot weights and zero biases as DGL initialises them).
 PyG's ``gcn_norm`` takes both degrees from the in-degree; DGL's "both" uses the source's
 out-degree and the target's in-degree: the same on the undirected graphs used here, where
 both directions of an edge always share a type. No activation after ``feature1`` nor
 after a channel's ``lin``, ReLU and dropout after every conv (also the last), no dropout
 on the input: all as in the code.
+
+``conv`` also takes FedSpray's other two backbones (its Table 2 runs FedLit with GCN, SGC
+and SAGE; neither paper nor code says how a channel changes, so this is our reading):
+``sage``: each conv a SAGEConv (mean aggregation, root weight), ReLU and dropout after
+each, as for GCN; ``sgc``: one SGConv with K = L (L-hop propagation with the same
+normalisation, no self-loops, then one linear layer), with no ReLU or dropout: SGC is linear.
 
 Parameter names: ``feature1.{weight [h, d], bias}``, ``channels.{k}.lin.{weight [h, h], bias}``,
 ``channels.{k}.convs.{l}.{lin.weight [h, h], bias [h]}``, ``classifier.{weight [C, h], bias}``.
@@ -27,27 +34,41 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv
+from torch_geometric.nn import GCNConv, SAGEConv, SGConv
 
 #: Parameter-name prefixes of the layers every client shares one copy of.
 SHARED_PREFIXES = ("feature1.", "classifier.")
 #: Prefix of channel k's parameters: ``channels.{k}.``.
 CHANNEL_PREFIX = "channels."
+#: A channel's message-passing layers (FedSpray's three backbones).
+CHANNEL_CONVS = ("gcn", "sgc", "sage")
 
 
 class LinkTypeChannel(nn.Module):
-    """One link type's channel: Linear(h, h) then ``num_layers`` GCN layers (ReLU, dropout).
+    """One link type's channel: Linear(h, h) then its message passing (``conv``).
 
-    x [|V_k|, h], edge_index [2, |E_k|] (relabelled to 0..|V_k|-1) -> [|V_k|, h].
+    gcn / sage: ``num_layers`` convs, each followed by ReLU and dropout; sgc: one SGConv
+    with K = ``num_layers``, linear. x [|V_k|, h], edge_index [2, |E_k|] (relabelled to
+    0..|V_k|-1) -> [|V_k|, h].
     """
 
-    def __init__(self, hidden_channels: int, num_layers: int, dropout: float) -> None:
+    def __init__(self, hidden_channels: int, num_layers: int, dropout: float,
+                 conv: str = "gcn") -> None:
         super().__init__()
+        if conv not in CHANNEL_CONVS:
+            raise ValueError(f"conv {conv!r}; valid: {', '.join(CHANNEL_CONVS)}")
         self.dropout = dropout
+        self.linear = conv == "sgc"
         self.lin = nn.Linear(hidden_channels, hidden_channels)
         # Not cached: the edges of a type change every round.
-        self.convs = nn.ModuleList(GCNConv(hidden_channels, hidden_channels, add_self_loops=False)
-                                   for _ in range(num_layers))
+        h = hidden_channels
+        if conv == "sgc":
+            convs = [SGConv(h, h, K=num_layers, add_self_loops=False)]
+        elif conv == "sage":
+            convs = [SAGEConv(h, h) for _ in range(num_layers)]
+        else:
+            convs = [GCNConv(h, h, add_self_loops=False) for _ in range(num_layers)]
+        self.convs = nn.ModuleList(convs)
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
@@ -57,7 +78,9 @@ class LinkTypeChannel(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         x = self.lin(x)
         for conv in self.convs:
-            x = F.dropout(F.relu(conv(x, edge_index)), p=self.dropout, training=self.training)
+            x = conv(x, edge_index)
+            if not self.linear:
+                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
         return x
 
 
@@ -70,7 +93,8 @@ class MultiChannelGCN(nn.Module):
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_link_types: int = 4, num_layers: int = 2, dropout: float = 0.5) -> None:
+                 num_link_types: int = 4, num_layers: int = 2, dropout: float = 0.5,
+                 conv: str = "gcn") -> None:
         super().__init__()
         if num_link_types < 1:
             raise ValueError(f"num_link_types must be >= 1, got {num_link_types}")
@@ -81,7 +105,7 @@ class MultiChannelGCN(nn.Module):
         self.hidden_channels = hidden_channels
         self.num_link_types = num_link_types
         self.feature1 = nn.Linear(in_channels, hidden_channels)
-        self.channels = nn.ModuleList(LinkTypeChannel(hidden_channels, num_layers, dropout)
+        self.channels = nn.ModuleList(LinkTypeChannel(hidden_channels, num_layers, dropout, conv)
                                       for _ in range(num_link_types))
         self.classifier = nn.Linear(hidden_channels, out_channels)
 
