@@ -176,7 +176,8 @@ def in_ray_worker() -> bool:
 
 def ray_resources() -> dict[str, Any]:
     """What Ray gave this simulated ClientApp: ``ray-cpus`` (its CPUs), ``ray-cpus-total``
-    (the simulation's) and ``ray-actor`` (its actor's id); empty outside Ray.
+    (the simulation's), ``ray-actor`` (its actor's id) and ``ray-node`` (the id of the
+    Ray node it runs on: several on a cluster); empty outside Ray.
 
     Flower runs each ClientApp in an actor reserving ``client-resources-num-cpus``
     (default 2) and keeps ``total // that`` actors: the server reads from these how
@@ -189,6 +190,7 @@ def ray_resources() -> dict[str, Any]:
     try:
         ctx = ray.get_runtime_context()
         out["ray-actor"] = str(ctx.get_actor_id() or "")
+        out["ray-node"] = str(ctx.get_node_id() or "")
         cpus = ctx.get_assigned_resources().get("CPU")
         if cpus:
             out["ray-cpus"] = float(cpus)

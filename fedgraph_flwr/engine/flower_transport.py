@@ -76,6 +76,17 @@ def data_root_hint(config: Config, simulated: bool) -> str:
             f"superlink.log\"; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
 
 
+def nodes_note(resources: list[dict[str, Any]]) -> str | None:
+    """One line when the handshake's ClientApps ran on more than one Ray node (a
+    simulation attached to a Ray cluster, docs/running.md); None otherwise."""
+    nodes = sorted({r["ray-node"] for r in resources if r.get("ray-node")})
+    if len(nodes) < 2:
+        return None
+    actors = {r["ray-actor"] for r in resources if r.get("ray-actor")}
+    return (f"fedgraph-flwr: the handshake's {len(resources)} ClientApps ran in {len(actors)} "
+            f"actors on {len(nodes)} Ray nodes: {', '.join(n[:12] for n in nodes)}")
+
+
 def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | None:
     """One line when a simulation runs its ClientApps one after another although the
     machine has CPUs for more; None otherwise (a deployment, or nothing to gain).
@@ -196,9 +207,9 @@ class FlowerTransport(Transport):
         if problems:
             hint = data_root_hint(config, simulated) if ERROR_DATA_ROOT in codes else ""
             raise RunAborted("handshake failed: " + "; ".join(problems) + hint)
-        note = serialised_note(resources, int(config["num-clients"]))
-        if note:
-            self.log(note)
+        for note in (nodes_note(resources), serialised_note(resources, int(config["num-clients"]))):
+            if note:
+                self.log(note)
         return roster
 
     def refresh(self, config: Config) -> None:
