@@ -41,6 +41,7 @@ DEFAULT_PRELOAD = ("torch", "torch_geometric", "fedgraph_flwr.engine.client_app"
                    "fedgraph_flwr.algorithms.*", "fedgraph_flwr.data.*", "fedgraph_flwr.nn.*")
 
 _warned = False
+_pull_defaults: dict | bool | None = None  # pull_objects' defaults, once found usable
 
 
 def flower_version() -> str:
@@ -88,11 +89,16 @@ def bound_reply_pulls(seconds: float) -> bool:
     died mid-upload) then becomes Flower's ``MESSAGE_UNAVAILABLE`` error reply instead
     of holding the round for up to two hours. Set before each pull of the ServerApp's
     reply loop, to what is left of the round."""
-    if not flower_is_tested():
-        return False
-    from flwr.supercore.inflatable import inflatable_utils
+    global _pull_defaults
+    if _pull_defaults is None:  # decided once: it is called before every poll
+        _pull_defaults = False
+        if flower_is_tested():
+            from flwr.supercore.inflatable import inflatable_utils
 
-    inflatable_utils.pull_objects.__kwdefaults__["max_time"] = max(0.1, float(seconds))
+            _pull_defaults = inflatable_utils.pull_objects.__kwdefaults__
+    if _pull_defaults is False:
+        return False
+    _pull_defaults["max_time"] = max(0.1, float(seconds))
     return True
 
 
