@@ -68,12 +68,13 @@ class ForkingClientAppExecutor(SubprocessExecutor):
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
         if spec.task_type != TaskType.CLIENT_APP:
             return super().launch(spec)
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as err:
             return LaunchResult.failed(f"fork() failed: {err}")
         if pid == 0:  # child: never returns
-            _run_clientapp_in_child(spec)
+            _run_clientapp_in_child(spec, parent)
         self.children.add(pid)
         return LaunchResult.accepted()
 
@@ -117,10 +118,10 @@ class ForkingClientAppExecutor(SubprocessExecutor):
                 return
 
 
-def _run_clientapp_in_child(spec: ExecutionSpec) -> None:
+def _run_clientapp_in_child(spec: ExecutionSpec, parent: int) -> None:
     code = 1
     try:
-        _die_on_signals()
+        _die_on_signals(parent)
         _reset_inherited_state()
         _poll_local_objects_faster()
         _install_each_fab_once()
@@ -148,7 +149,7 @@ def _run_clientapp_in_child(spec: ExecutionSpec) -> None:
         os._exit(code)  # never run the parent's atexit hooks or finally blocks
 
 
-def _die_on_signals() -> None:
+def _die_on_signals(parent: int) -> None:
     """SIGTERM/SIGINT/SIGQUIT end this child at once, and so does its parent's death.
 
     The child inherited the parent's Flower handlers, and ``run_clientapp`` installs
@@ -165,7 +166,7 @@ def _die_on_signals() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the parent died before prctl: nobody waits for this reply
+    if os.getppid() != parent:  # it died before prctl: nobody waits for this reply
         os._exit(1)
 
 
