@@ -90,6 +90,28 @@ def test_child_exit_code_is_reported(tmp_path, monkeypatch, caplog):
     assert logged == [f"ClientApp process {pid} exited with code 1"]
 
 
+def test_close_stops_children_at_once_even_under_a_swallowing_handler(monkeypatch):
+    """SuperExec stopping (SIGTERM) stops its ClientApps: a child dies on SIGTERM, even
+    though it inherited a handler that ignores it (as Flower's graceful handler could)."""
+    import signal
+
+    monkeypatch.setattr(fse, "run_clientapp", lambda **kwargs: time.sleep(60))
+    before = signal.signal(signal.SIGTERM, lambda *args: None)  # what the child inherits
+    try:
+        executor = fse.ForkingClientAppExecutor()
+        executor.launch(_spec("task-long"))
+        (pid,) = executor.children
+        time.sleep(0.5)  # the child is in its (fake) ClientApp
+        t0 = time.perf_counter()
+        executor.close()
+        took = time.perf_counter() - t0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not executor.children
+    assert not os.path.exists(f"/proc/{pid}")
+    assert took < fse.CHILD_STOP_S, f"needed SIGKILL: {took:.2f}s"  # SIGTERM was enough
+
+
 def test_cli_refuses_another_executor_and_unknown_preloads():
     with pytest.raises(SystemExit, match="brings its own executor"):
         accelerate.superexec_main(["--executor", "kubernetes",
