@@ -157,11 +157,19 @@ def _die_on_signals(parent: int) -> None:
     not survive the fork) and raise ``SystemExit`` wherever the child is, which
     Flower's retry loops can swallow; a child was seen ignoring SIGTERM. A ClientApp
     has nothing to save on the way out (its reply is what the SuperNode waits for)."""
+    from flwr.supercore.exit import add_exit_handler
     from flwr.supernode.runtime import run_clientapp as runtime
+
+    def exit_handlers_only(*args, exit_handlers=None, **kwargs) -> None:
+        # What Flower's does minus the signal handlers: its exit handlers (the one that
+        # pushes the task's final status and context to the SuperNode) still run when
+        # run_clientapp ends through flwr_exit.
+        for handler in exit_handlers or []:
+            add_exit_handler(handler)
 
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-    runtime.register_signal_handlers = lambda *args, **kwargs: None
+    runtime.register_signal_handlers = exit_handlers_only
     try:  # Linux: SIGKILL this child when the process that forked it dies
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
