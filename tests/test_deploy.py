@@ -407,7 +407,10 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     paused_round = in_aggregation["round"]
     assert sorted(rounds[0]["clients"]) == ["0", "1", "2"]
     for r in (rounds[kill_round - 1], rounds[paused_round]):  # each kill's first missed round
-        assert "2" not in r["clients"] and "2" in r["failures"], r["failures"]
+        assert sorted(r["clients"]) == ["0", "1"] and "2" in r["failures"], r["failures"]
+    # The others never lose a ClientApp (a forked one that did not report its end to its
+    # SuperNode was answered late as "ClientApp stopped responding").
+    assert not [r["failures"] for r in rounds if {"0", "1"} & set(r["failures"])]
     # Aggregated with its reply although it died while the server aggregated.
     assert sorted(rounds[paused_round - 1]["clients"]) == ["0", "1", "2"]
     # Each round it missed names why: no reply at all, or Flower's Node Unavailable reply
