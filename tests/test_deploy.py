@@ -284,7 +284,8 @@ def instrumented_app(dep, name: str, slow: dict, pause_from: int | None = None) 
 
 
 def start_run(dep, app: Path, run_config: dict) -> subprocess.Popen:
-    text = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}" for k, v in run_config.items())
+    text = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={str(v).lower()}"
+                    if isinstance(v, bool) else f"{k}={v}" for k, v in run_config.items())
     return subprocess.Popen(L.run_cmd(app=str(app), run_config=text), cwd=dep.tmp, env=dep.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -367,7 +368,10 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     key, same node id) and trains on the payload the server kept for it, and the run
     completes."""
     dep = deployment
-    victim, kill_round, rounds_total = 2, 2, 16
+    # Rounds enough for two crashes: each costs ~2 round-timeouts until the SuperLink
+    # declares the node unavailable (60 s of missed heartbeats), then quick rounds while
+    # the supervisor brings it and its executor back (~10-20 s).
+    victim, kill_round, rounds_total = 2, 2, 24
     timeout = max(20.0, 2.5 * getattr(dep, "round_time", 8.0))
     run_name = "deploy-fault"
     marks = dep.tmp / "outputs" / run_name / "marks"
