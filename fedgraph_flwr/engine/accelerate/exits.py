@@ -11,7 +11,8 @@ handler replaces Flower's on each signal. It starts a watchdog that ends the pro
 ``EXIT_GRACE_S`` seconds later whatever happens, runs ``before`` (stop the child
 processes), then Flower's exit handlers, and leaves at once (``os._exit``: no telemetry
 wait, no interpreter shutdown). So the process and its children are gone within
-``EXIT_GRACE_S``: under 5 s.
+``EXIT_GRACE_S``: under 5 s. The SuperNode keeps Flower's graceful exit (it signs off
+at the SuperLink), only bounded by a watchdog (``graceful=True``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import sys
 import threading
 from collections.abc import Callable
 
-#: Seconds Flower's graceful exit may take before the process ends anyway.
+#: Seconds Flower's exit handlers may take before the process ends anyway.
 EXIT_GRACE_S = 2.0
+#: The same when Flower's whole graceful exit runs (``graceful=True``: the SuperNode).
+GRACEFUL_EXIT_S = 4.0
 #: Seconds children get to end on SIGTERM before SIGKILL.
 CHILD_STOP_S = 1.0
 
@@ -36,15 +39,30 @@ def _exit_after(seconds: float) -> None:
     os._exit(0)
 
 
-def exit_promptly(module_name: str, program: str, before: Callable[[], None] | None = None) -> None:
-    """Wrap ``register_signal_handlers`` as imported by ``module_name`` (see above)."""
+def exit_promptly(module_name: str, program: str, before: Callable[[], None] | None = None,
+                  graceful: bool = False) -> None:
+    """Wrap ``register_signal_handlers`` as imported by ``module_name`` (see above).
+
+    ``graceful``: after ``before``, Flower's own handler runs as usual, under a watchdog
+    of ``GRACEFUL_EXIT_S``. The SuperNode needs it: its way out (``finally`` blocks)
+    tells the SuperLink it is leaving (``DeactivateNode``), so the SuperLink answers the
+    next messages for it with Node Unavailable at once and lets it back in when
+    restarted, instead of counting it online for 60 s of missed heartbeats."""
     from flwr.supercore.exit import exit_handler
 
     module = importlib.import_module(module_name)
     register = module.register_signal_handlers
 
     def handler(signum, frame) -> None:
-        threading.Thread(target=_exit_after, args=(EXIT_GRACE_S,), daemon=True).start()
+        grace = GRACEFUL_EXIT_S if graceful else EXIT_GRACE_S
+        threading.Thread(target=_exit_after, args=(grace,), daemon=True).start()
+        if graceful:
+            flower = flowers.get(signum)
+            if before is not None:
+                before()
+            if callable(flower):
+                flower(signum, frame)  # flwr_exit: SystemExit through the finally blocks
+                return
         for sig in SIGNALS:  # a second signal while stopping: the default action
             signal.signal(sig, signal.SIG_DFL)
         if before is not None:
@@ -55,9 +73,12 @@ def exit_promptly(module_name: str, program: str, before: Callable[[], None] | N
         sys.stdout.flush()
         os._exit(0)  # as Flower's graceful exit on a signal: status 0
 
+    flowers: dict[int, object] = {}
+
     def register_then_ours(*args, **kwargs):
         register(*args, **kwargs)
         for sig in SIGNALS:
+            flowers[sig] = signal.getsignal(sig)
             signal.signal(sig, handler)
 
     module.register_signal_handlers = register_then_ours
