@@ -90,6 +90,50 @@ def test_child_exit_code_is_reported(tmp_path, monkeypatch, caplog):
     assert logged == [f"ClientApp process {pid} exited with code 1"]
 
 
+def test_close_stops_children_at_once_even_under_a_swallowing_handler(monkeypatch):
+    """SuperExec stopping (SIGTERM) stops its ClientApps: a child dies on SIGTERM, even
+    though it inherited a handler that ignores it (as Flower's graceful handler could)."""
+    import signal
+
+    monkeypatch.setattr(fse, "run_clientapp", lambda **kwargs: time.sleep(60))
+    before = signal.signal(signal.SIGTERM, lambda *args: None)  # what the child inherits
+    try:
+        executor = fse.ForkingClientAppExecutor()
+        executor.launch(_spec("task-long"))
+        (pid,) = executor.children
+        time.sleep(0.5)  # the child is in its (fake) ClientApp
+        t0 = time.perf_counter()
+        executor.close()
+        took = time.perf_counter() - t0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not executor.children
+    assert not os.path.exists(f"/proc/{pid}")
+    assert took < fse.CHILD_STOP_S, f"needed SIGKILL: {took:.2f}s"  # SIGTERM was enough
+
+
+def test_child_keeps_flowers_exit_handlers_but_not_its_signal_handlers(tmp_path, monkeypatch):
+    """In the child, run_clientapp's registration still adds its exit handler (it pushes
+    the task's final status and context; without it the SuperNode waits until the task
+    token expires: "ClientApp stopped responding"), but SIGTERM keeps its default action."""
+    import signal
+
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    def fake_run_clientapp(**kwargs):
+        runtime.register_signal_handlers(event_type=None, exit_message="Task stopped.",
+                                         exit_handlers=[lambda: (tmp_path / "pushed").write_text("ok")])
+        (tmp_path / "sigterm").write_text(str(signal.getsignal(signal.SIGTERM)))
+        exit_handler.trigger_exit_handlers(run_before_force_exit=False)  # as flwr_exit does
+
+    monkeypatch.setattr(fse, "run_clientapp", fake_run_clientapp)
+    executor = fse.ForkingClientAppExecutor()
+    executor.launch(_spec("task-exit"))
+    _reap(executor)
+    assert (tmp_path / "pushed").read_text() == "ok"
+    assert (tmp_path / "sigterm").read_text() == str(signal.SIG_DFL)
+
+
 def test_cli_refuses_another_executor_and_unknown_preloads():
     with pytest.raises(SystemExit, match="brings its own executor"):
         accelerate.superexec_main(["--executor", "kubernetes",

@@ -76,3 +76,37 @@ def test_phases_are_checked_when_declared():
     with pytest.raises(ValueError, match="repeat"):
         check_phases((Phase("probe"), Phase("probe"), TRAIN_PHASE))
     assert Phase("probe").message_type == "train.probe" and TRAIN_PHASE.message_type == "train"
+
+
+def test_one_deadline_per_round_shared_by_its_phases(tmp_path, synthetic_root):
+    """round-timeout bounds the whole round: each phase's exchange gets what the earlier
+    ones left of it (not a fresh round-timeout each), and refresh gets the same deadline."""
+    import time
+
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.driver import RoundDriver
+    from fedgraph_flwr.engine.loop import InProcessTransport
+
+    seen: list[tuple[int, str, float]] = []
+    deadlines: list[float] = []
+
+    class SlowProbe(InProcessTransport):
+        def refresh(self, config, deadline=None):
+            deadlines.append(deadline - time.monotonic())
+
+        def exchange(self, phase, requests, config, timeout):
+            seen.append((int(config["server-round"]), phase.name, timeout))
+            if phase.name == "probe":
+                time.sleep(0.5)
+            return super().exchange(phase, requests, config, timeout)
+
+    cfg = resolve_config(None, _config(synthetic_root, tmp_path, "deadline", rounds=2,
+                                       **{"round-timeout": 5.0}))
+    RoundDriver(cfg, SlowProbe(), write=False).run()
+    assert seen[0][:2] == (0, "label_counts") and seen[0][2] == 5.0  # precompute: its own
+    per_round = [[(name, t) for r, name, t in seen if r == rnd] for rnd in (1, 2)]
+    for phases in per_round:
+        (probe, t_probe), (train, t_train) = phases
+        assert (probe, train) == ("probe", "train")
+        assert 4.0 < t_probe <= 5.0 and t_train <= t_probe - 0.5, phases
+    assert len(deadlines) == 2 and all(4.9 < d <= 5.0 for d in deadlines), deadlines

@@ -33,8 +33,8 @@ class ServerDiesInRound(RoundDriver):
     before the server records, aggregates or checkpoints it: the worst moment to lose
     the ServerApp, since clients are then one round ahead of the checkpoint."""
 
-    def send(self, fed, phase, server_round, clients):
-        exchange, sent = super().send(fed, phase, server_round, clients)
+    def send(self, fed, phase, server_round, clients, deadline=None):
+        exchange, sent = super().send(fed, phase, server_round, clients, deadline)
         if server_round == CRASH_ROUND and phase.name == "train":
             assert len(exchange.replies) == 3 and not exchange.failures
             raise RuntimeError(f"ServerApp killed in round {server_round}")

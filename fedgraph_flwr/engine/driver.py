@@ -66,12 +66,18 @@ class RoundDriver:
         return fed
 
     # --- phases ---------------------------------------------------------------------
-    def send(self, fed: Federation, phase: Phase, server_round: int, clients: list[int]
-             ) -> tuple[Exchange, dict[int, int]]:
-        """One phase's exchange; returns it and the bytes sent to each client."""
+    def send(self, fed: Federation, phase: Phase, server_round: int, clients: list[int],
+             deadline: float | None = None) -> tuple[Exchange, dict[int, int]]:
+        """One phase's exchange; returns it and the bytes sent to each client.
+
+        ``deadline`` (``time.monotonic()``): the round's, shared by all of its phases;
+        without one the phase gets a whole ``round-timeout`` (the precompute phases)."""
         requests = fed.requests(phase, server_round, clients)
+        timeout = float(self.config["round-timeout"])
+        if deadline is not None:
+            timeout = max(0.0, deadline - time.monotonic())
         exchange = self.transport.exchange(phase, requests, fed.client_config(server_round),
-                                           float(self.config["round-timeout"]))
+                                           timeout)
         for cid in clients:
             if cid not in exchange.replies and cid not in exchange.failures:
                 exchange.failures[cid] = "missing: no reply before round-timeout"
@@ -97,15 +103,21 @@ class RoundDriver:
             }
 
     def run_round(self, fed: Federation, server_round: int) -> None:
+        """One round: (re)joins, then each ``every-round`` phase, the train phase last.
+
+        One deadline, fixed now, bounds the whole round (``round-timeout``): every
+        phase's pushes and waits share it, so a dead client costs the round at most
+        ``round-timeout`` (plus the aggregation), however many phases it has."""
         t0 = time.perf_counter()
-        self.transport.refresh(self.config)
+        deadline = time.monotonic() + float(self.config["round-timeout"])
+        self.transport.refresh(self.config, deadline)
         sampled = fed.sample(server_round)
         sent: dict[int, int] = {}
         failures: dict[int, str] = {}
         earlier: list[tuple[Phase, dict[int, ClientReply], AggregateResult | None]] = []
         active = list(sampled)
         for phase in fed.phases_when("every-round"):
-            exchange, phase_sent = self.send(fed, phase, server_round, active)
+            exchange, phase_sent = self.send(fed, phase, server_round, active, deadline)
             for cid, b in phase_sent.items():
                 sent[cid] = sent.get(cid, 0) + b
             if phase.name == "train":

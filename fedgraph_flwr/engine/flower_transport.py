@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 
 from ..algorithms.base import Arrays, Config, Phase
 from ..config import client_config as client_view
+from .accelerate import bound_reply_pulls
 from .client_app import ERROR_DATA_ROOT
 from .client_runtime import missing_dataset
 from .driver import RunAborted
@@ -39,6 +40,12 @@ SIMULATION_SETTLE_S = 3.0
 #: and never longer than FIRST_POLL_MAX seconds.
 FIRST_POLL_FRACTION = 0.7
 FIRST_POLL_MAX = 1.0
+
+#: Seconds a round's refresh waits for new nodes' answers (later ones: next round).
+REJOIN_WAIT_S = 1.0
+#: Seconds past the round's deadline that a reply already announced may take to
+#: finish arriving (its objects still uploading); within the round's fixed margin.
+REPLY_GRACE_S = 2.0
 
 
 def is_simulation(grid: Grid) -> bool:
@@ -122,6 +129,9 @@ class FlowerTransport(Transport):
         self.node_of: dict[int, int] = {}  # logical client id -> current node id
         self.client_of: dict[int, int] = {}  # node id -> logical client id
         self._fastest_reply = 0.0  # seconds until the first reply of the last exchange
+        self._rejoining: dict[str, int] = {}  # rejoin query's message id -> node asked
+        self._sent_to: dict[str, int] = {}  # last exchange: message id -> the node it went to
+        self._reply_wait: dict[int, float] = {}  # last exchange: node id -> seconds to its reply
 
     # --- joining ----------------------------------------------------------------------
     def wait_for_nodes(self, config: Config) -> list[int]:
@@ -212,19 +222,32 @@ class FlowerTransport(Transport):
                 self.log(note)
         return roster
 
-    def refresh(self, config: Config) -> None:
+    def refresh(self, config: Config, deadline: float | None = None) -> None:
         """Map nodes that (re)connected since the handshake, so a returning client
-        gets its personalized model back under its new node id."""
-        unknown = set(self.grid.get_node_ids()) - set(self.client_of)
-        if not unknown:
+        gets its personalized model back under its new node id.
+
+        A new node is asked who it is once; its answer is waited for at most
+        ``REJOIN_WAIT_S`` (and never past ``deadline``, the round's) and otherwise
+        picked up at a later round's refresh: a node whose ClientApp executor is still
+        starting does not hold up the round."""
+        if deadline is None:
+            deadline = time.monotonic() + float(config["round-timeout"])
+        online = set(self.grid.get_node_ids())
+        asked = set(self._rejoining.values())
+        unknown = online - set(self.client_of) - asked
+        if unknown:
+            record = to_config_record(client_view(config))
+            messages = [Message(RecordDict({"config": record}), n, "query", group_id="rejoin")
+                        for n in sorted(unknown)]
+            self._rejoining.update(self._push(messages, deadline))
+        if not self._rejoining:
             return
-        record = to_config_record(client_view(config))
-        messages = [Message(RecordDict({"config": record}), n, "query", group_id="rejoin")
-                    for n in unknown]
-        replies, _ = self.push_and_pull(messages, float(config["round-timeout"]))
+        wait = min(deadline, time.monotonic() + REJOIN_WAIT_S)
+        replies = self._pull(set(self._rejoining), wait, first_poll=0.0)
         for reply in replies:
-            if reply.has_error():
-                continue
+            node = self._rejoining.pop(reply.metadata.reply_to_message_id, None)
+            if reply.has_error() or node is None:
+                continue  # asked again at the next refresh if it is still online
             cid = int(reply.content["info"]["partition-id"])
             old = self.node_of.get(cid)
             if old is not None:
@@ -232,6 +255,8 @@ class FlowerTransport(Transport):
             self.node_of[cid] = reply.metadata.src_node_id
             self.client_of[reply.metadata.src_node_id] = cid
             self.log(f"client {cid} (re)joined as node {reply.metadata.src_node_id}")
+        # A node that went away again before answering: forget its question.
+        self._rejoining = {m: n for m, n in self._rejoining.items() if n in online}
 
     # --- one phase --------------------------------------------------------------------
     def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
@@ -275,11 +300,13 @@ class FlowerTransport(Transport):
         node = reply.metadata.src_node_id
         if node in self.client_of:
             return node
-        return getattr(self, "_sent_to", {}).get(reply.metadata.reply_to_message_id, node)
+        return self._sent_to.get(reply.metadata.reply_to_message_id, node)
 
     def push_and_pull(self, messages: list[Message], timeout: float
                       ) -> tuple[list[Message], set[str]]:
-        """Push, then pull with a short poll interval until all replies or the timeout.
+        """Push, then pull with a short poll interval until all replies are in or
+        ``timeout`` seconds have passed since the call (the pushes count too); returns
+        the replies and the ids of the messages left without one.
 
         Flower's ``send_and_receive`` sleeps 0.1-3 s between polls, which would
         dominate a round on small graphs; this loop starts at 2 ms and backs off.
@@ -288,42 +315,65 @@ class FlowerTransport(Transport):
         model while the next one uploads, instead of all of them retrying until the
         last upload ends), and the first poll waits for 70% of the last exchange's
         fastest reply, at most 1 s (no reply comes much sooner; earlier polls only add
-        requests).
+        requests). A message not pushed before the deadline is not pushed at all.
         """
         t0 = time.perf_counter()
-        pending: set[str] = set()
-        self._sent_to: dict[str, int] = {}  # message id -> the node it went to
-        for message in messages:
-            ids = list(self.grid.push_messages([message]))
-            pending.update(ids)
-            metadata = getattr(message, "metadata", None)
-            if metadata is not None:
-                self._sent_to.update((mid, metadata.dst_node_id) for mid in ids)
-        replies: list[Message] = []
-        self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
+        self._sent_to = self._push(messages, deadline)  # message id -> the node it went to
+        pending = set(self._sent_to)
         first_poll = min(FIRST_POLL_FRACTION * self._fastest_reply, FIRST_POLL_MAX, timeout)
-        if pending and first_poll > time.perf_counter() - t0:
-            time.sleep(first_poll - (time.perf_counter() - t0))
+        self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
+        replies = self._pull(pending, deadline, first_poll, t0)
+        pending -= {msg.metadata.reply_to_message_id for msg in replies}
+        unsent = len(messages) - len(self._sent_to)
+        pending |= {f"unsent-{i}" for i in range(unsent)}
+        return replies, pending
+
+    def _push(self, messages: list[Message], deadline: float) -> dict[str, int]:
+        """Push each message on its own until ``deadline``; message id -> its node."""
+        sent: dict[str, int] = {}
+        for message in messages:
+            if time.monotonic() >= deadline:
+                break
+            ids = list(self.grid.push_messages([message]))
+            metadata = getattr(message, "metadata", None)
+            sent.update((mid, metadata.dst_node_id if metadata is not None else 0)
+                        for mid in ids if mid)
+        return sent
+
+    def _pull(self, pending: set[str], deadline: float, first_poll: float,
+              t0: float | None = None) -> list[Message]:
+        """Poll for the replies to ``pending`` until all are in or ``deadline``; with
+        ``t0``, records each reply's wait (since ``t0``) and the fastest one."""
+        pending = set(pending)
+        start = time.perf_counter() if t0 is None else t0
+        if pending and first_poll > time.perf_counter() - start:
+            time.sleep(max(0.0, min(first_poll - (time.perf_counter() - start),
+                                    deadline - time.monotonic())))
+        replies: list[Message] = []
         pause = 0.002
         polls = 0
         in_at_first_poll = False
-        while pending and time.time() < deadline:
+        while pending and time.monotonic() < deadline:
+            # A reply's objects still uploading are waited for until the deadline (plus
+            # a grace), never Flower's default of two hours.
+            bound_reply_pulls(deadline - time.monotonic() + REPLY_GRACE_S)
             got = list(self.grid.pull_messages(pending))
             polls += 1
             in_at_first_poll |= polls == 1 and bool(got)
-            now = time.perf_counter() - t0
+            now = time.perf_counter() - start
             for msg in got:
                 pending.discard(msg.metadata.reply_to_message_id)
-                self._reply_wait[self._replying_node(msg)] = now
+                if t0 is not None:
+                    self._reply_wait[self._replying_node(msg)] = now
             replies.extend(got)
             if pending and not got:
-                time.sleep(pause)
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
                 pause = min(pause * 1.5, 0.05)
-        if self._reply_wait:
+        if t0 is not None and self._reply_wait:
             # A reply already in at the first poll came at an unknown time before it (a
             # slow round, e.g. the first with its data loading, must not hold back the
             # next ones): aim lower next time.
             fastest = min(self._reply_wait.values())
             self._fastest_reply = fastest / 2 if in_at_first_poll else fastest
-        return replies, pending
+        return replies

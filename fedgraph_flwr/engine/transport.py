@@ -37,11 +37,14 @@ class Transport(ABC):
         """Wait for the federation's clients and return each one's handshake facts
         (:func:`~.client_runtime.describe`), keyed by logical client id."""
 
-    def refresh(self, config: Config) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Between rounds: take in clients that (re)joined since the handshake."""
+    def refresh(self, config: Config, deadline: float | None = None  # noqa: B027 - optional hook
+                ) -> None:
+        """Between rounds: take in clients that (re)joined since the handshake, waiting
+        for them no later than ``deadline`` (``time.monotonic()``; the round's)."""
 
     @abstractmethod
     def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
                  timeout: float) -> Exchange:
         """Send each client its arrays with ``config`` for ``phase``; collect replies
-        until all are in or ``timeout`` seconds pass (the rest fail as missing)."""
+        until all are in or ``timeout`` seconds, counted from the call (sending
+        included), pass (the rest fail as missing)."""

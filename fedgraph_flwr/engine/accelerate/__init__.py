@@ -10,7 +10,8 @@ one it was tested with (:data:`TESTED_FLOWER`); on any other it prints one warni
 and the stock behaviour runs: the commands become ``flower-supernode`` /
 ``flower-superexec`` with the same flags, and the ServerApp pulls replies as Flower does.
 
-- :func:`speed_up_reply_pulls`: for the ServerApp process (deployment).
+- :func:`speed_up_reply_pulls`, :func:`bound_reply_pulls`: for the ServerApp process
+  (deployment).
 - :func:`supernode_main`: the ``fedgraph-supernode`` command (:mod:`.supernode`).
 - :func:`superexec_main`: the ``fedgraph-superexec`` command (:mod:`.superexec`).
 
@@ -40,6 +41,7 @@ DEFAULT_PRELOAD = ("torch", "torch_geometric", "fedgraph_flwr.engine.client_app"
                    "fedgraph_flwr.algorithms.*", "fedgraph_flwr.data.*", "fedgraph_flwr.nn.*")
 
 _warned = False
+_pull_defaults: dict | bool | None = None  # pull_objects' defaults, once found usable
 
 
 def flower_version() -> str:
@@ -78,6 +80,25 @@ def speed_up_reply_pulls() -> bool:
     # The grid calls pull_objects() without backoff arguments: its defaults apply.
     defaults = inflatable_utils.pull_objects.__kwdefaults__
     defaults["initial_backoff"], defaults["backoff_cap"] = REPLY_PULL_BACKOFF
+    return True
+
+
+def bound_reply_pulls(seconds: float) -> bool:
+    """Give up on a reply's objects after ``seconds`` (Flower: 7200 s); returns whether
+    it did. A reply announced but whose objects never finish arriving (its SuperNode
+    died mid-upload) then becomes Flower's ``MESSAGE_UNAVAILABLE`` error reply instead
+    of holding the round for up to two hours. Set before each pull of the ServerApp's
+    reply loop, to what is left of the round."""
+    global _pull_defaults
+    if _pull_defaults is None:  # decided once: it is called before every poll
+        _pull_defaults = False
+        if flower_is_tested():
+            from flwr.supercore.inflatable import inflatable_utils
+
+            _pull_defaults = inflatable_utils.pull_objects.__kwdefaults__
+    if _pull_defaults is False:
+        return False
+    _pull_defaults["max_time"] = max(0.1, float(seconds))
     return True
 
 

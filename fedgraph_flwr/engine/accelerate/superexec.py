@@ -26,12 +26,15 @@ re-creates the telemetry lock a parent thread might have held at fork time.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from logging import ERROR, INFO
 from pathlib import Path
@@ -43,6 +46,8 @@ from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExec
 from flwr.supercore.tls import validate_and_resolve_root_certificates
 from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+from .exits import CHILD_STOP_S, SIGNALS, exit_promptly
+
 
 class ForkingClientAppExecutor(SubprocessExecutor):
     """A SuperExec executor that forks a pre-imported parent for each ClientApp task.
@@ -51,8 +56,10 @@ class ForkingClientAppExecutor(SubprocessExecutor):
     ``flwr.supernode.runtime.run_clientapp.run_clientapp`` with the spec's address,
     token and TLS root certificate and ends with its exit code. Every other task type
     goes to :class:`SubprocessExecutor`. ``reconcile()`` (called by SuperExec's loop
-    between polls) reaps finished children; ``close()`` waits for none of them (they
-    outlive a stopped SuperExec just as Flower's subprocesses do).
+    between polls) reaps finished children; ``close()`` (SuperExec stopping, e.g. on
+    SIGTERM) stops the children still running: SIGTERM, SIGKILL after
+    ``exits.CHILD_STOP_S``. A child also dies with this process if it is SIGKILLed
+    (``PR_SET_PDEATHSIG``).
     """
 
     def __init__(self) -> None:
@@ -61,12 +68,13 @@ class ForkingClientAppExecutor(SubprocessExecutor):
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
         if spec.task_type != TaskType.CLIENT_APP:
             return super().launch(spec)
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as err:
             return LaunchResult.failed(f"fork() failed: {err}")
         if pid == 0:  # child: never returns
-            _run_clientapp_in_child(spec)
+            _run_clientapp_in_child(spec, parent)
         self.children.add(pid)
         return LaunchResult.accepted()
 
@@ -83,10 +91,37 @@ class ForkingClientAppExecutor(SubprocessExecutor):
                 if code != 0:
                     log(ERROR, "ClientApp process %d exited with code %d", pid, code)
 
+    def close(self) -> None:
+        """Stop the ClientApp children still running (they would not outlive us)."""
+        self.reconcile()
+        if not self.children:
+            return
+        log(INFO, "fedgraph-superexec: stopping %d ClientApp process(es): %s", len(self.children),
+            " ".join(map(str, sorted(self.children))))
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in list(self.children):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    self.children.discard(pid)
+            end = time.monotonic() + CHILD_STOP_S
+            while self.children and time.monotonic() < end:
+                for pid in list(self.children):
+                    try:
+                        done, _ = os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        done = pid
+                    if done:
+                        self.children.discard(pid)
+                time.sleep(0.01)
+            if not self.children:
+                return
 
-def _run_clientapp_in_child(spec: ExecutionSpec) -> None:
+
+def _run_clientapp_in_child(spec: ExecutionSpec, parent: int) -> None:
     code = 1
     try:
+        _die_on_signals(parent)
         _reset_inherited_state()
         _poll_local_objects_faster()
         _install_each_fab_once()
@@ -112,6 +147,39 @@ def _run_clientapp_in_child(spec: ExecutionSpec) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never run the parent's atexit hooks or finally blocks
+
+
+def _die_on_signals(parent: int) -> None:
+    """SIGTERM/SIGINT/SIGQUIT end this child at once, and so does its parent's death.
+
+    The child inherited the parent's Flower handlers, and ``run_clientapp`` installs
+    Flower's graceful-exit handlers again: those wait for telemetry (whose thread did
+    not survive the fork) and raise ``SystemExit`` wherever the child is, which
+    Flower's retry loops can swallow; a child was seen ignoring SIGTERM. A ClientApp
+    has nothing to save on the way out (its reply is what the SuperNode waits for)."""
+    from flwr.supercore.exit import add_exit_handler
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    def exit_handlers_only(*args, exit_handlers=None, **kwargs) -> None:
+        # What Flower's does minus the signal handlers: its exit handlers (the one that
+        # pushes the task's final status and context to the SuperNode) still run when
+        # run_clientapp ends through flwr_exit.
+        for handler in exit_handlers or []:
+            add_exit_handler(handler)
+
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    runtime.register_signal_handlers = exit_handlers_only
+    try:  # Linux: SIGKILL this child when the process that forked it dies
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before prctl: nobody waits for this reply
+        os._exit(1)
+
+
+#: prctl option: the signal this process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
 
 
 def _reset_inherited_state() -> None:
@@ -229,5 +297,7 @@ def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
     loop = importlib.import_module("flwr.supercore.superexec.run_superexec")
     executor = ForkingClientAppExecutor()
     loop.get_executor = lambda *a, **k: executor  # the one seam SuperExec offers
+    # On SIGTERM/SIGINT: stop the ClientApps, exit within seconds (exits.py).
+    exit_promptly(loop.__name__, "fedgraph-superexec", before=executor.close)
     sys.argv = ["fedgraph-superexec", *flower_args]
     cli.flower_superexec()

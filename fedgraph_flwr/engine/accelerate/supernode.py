@@ -16,7 +16,8 @@ This command is Flower's own ``flower-supernode`` (same flags, same protocol, sa
 code) with the idle wait capped at ``--poll-interval`` seconds (default 0.2), the
 object-pull backoff starting at that interval (capped at 1 s instead of 10 s), and the
 0.5 s waits for its ClientApp's reply capped at 10 ms (those check the SuperNode's own
-in-memory state, not the SuperLink). Nothing else changes. The cost is more requests to
+in-memory state, not the SuperLink), and a SIGTERM ends it within 4 s, still signing
+off at the SuperLink (:mod:`.exits`). Nothing else changes. The cost is more requests to
 the SuperLink while idle (one per node per interval, each a small Fleet API call),
 which is why it is a flag.
 """
@@ -66,6 +67,10 @@ def cap_supernode_polls(cap: float) -> None:
 def main(poll_interval: float, flower_args: Sequence[str]) -> None:
     """``flower-supernode <flower_args>`` with its polls capped at ``poll_interval``."""
     cap_supernode_polls(poll_interval)
+    from .exits import exit_promptly
+
+    # SIGTERM: Flower's graceful exit (it signs off at the SuperLink), within 4 s (exits.py).
+    exit_promptly(SUPERNODE_LOOP_MODULE, "fedgraph-supernode", graceful=True)
     cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
     sys.argv = ["fedgraph-supernode", *flower_args]
     cli.flower_supernode()
