@@ -133,9 +133,14 @@ def test_a_paper_key_that_names_no_cell_is_an_error(tmp_path, capsys):
                          ids=lambda p: p.stem)
 def test_shipped_grids_load_and_their_paper_keys_name_cells(path, monkeypatch):
     monkeypatch.chdir(path.parent.parent.parent)  # their config-file paths are from the repo root
-    folder = (yaml.safe_load(path.read_text()).get("base") or {}).get("partition-dir")
-    if folder and not Path(folder).is_dir():  # the reference client files live in ../shared
-        pytest.skip(f"{path.name}: its partition-dir {folder} is not here ({NO_DATASETS})")
+    spec = yaml.safe_load(path.read_text())
+    grid = spec.get("grid") or []
+    folders = [(spec.get("base") or {}).get("partition-dir")] + [
+        f for entry in (grid if isinstance(grid, list) else [grid])
+        for f in (entry.get("partition-dir") or [])]
+    for folder in filter(None, folders):  # reference client files: ../shared, or built by hand
+        if not Path(folder).is_dir():
+            pytest.skip(f"{path.name}: its partition-dir {folder} is not here ({NO_DATASETS})")
     load_grid(path)  # raises on a bad run config or a paper key that names no cell
 
 
