@@ -44,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "deploy"))
+from local_cluster import copy_app  # noqa: E402, I001
+
 ACTOR_CLASS = "ClientAppActor"  # Flower's simulation actor (flwr.simulation.ray_transport.ray_actor)
 
 
@@ -58,17 +61,6 @@ def node_ports() -> list[str]:
     return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}"]
-
-
-def copy_app(dst: Path) -> Path:
-    """The app as ``flwr run`` reads it (outside the repository: flwr may touch pyproject)."""
-    dst.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md", "server_app.py", "client_app.py"):
-        shutil.copy(ROOT / name, dst / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("fedgraph_flwr", "configs"):
-        shutil.copytree(ROOT / name, dst / name, ignore=ignore)
-    return dst
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:

@@ -52,6 +52,18 @@ def clean_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def copy_app(dst: Path) -> Path:
+    """The app as ``flwr run`` reads it (pyproject, the two component modules, the package,
+    configs), copied outside the repository: flwr may rewrite a pyproject.toml."""
+    dst.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "server_app.py", "client_app.py"):
+        shutil.copy(ROOT / name, dst / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("fedgraph_flwr", "configs"):
+        shutil.copytree(ROOT / name, dst / name, ignore=ignore)
+    return dst
+
+
 def check_call(cmd: list[str], env: dict[str, str], timeout: float = 120) -> str:
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:

@@ -64,18 +64,6 @@ def algorithm_under_test() -> str:
     return "fedaux" if "fedaux" in ALGORITHMS else "fedavg"
 
 
-def copy_app(dst: Path) -> Path:
-    """What the FAB needs: pyproject, the two component modules, the package, configs."""
-    dst.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("pyproject.toml", "README.md", "server_app.py", "client_app.py"):
-        shutil.copy(ROOT / name, dst / name)
-    for name in ("fedgraph_flwr", "configs"):
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, dst / name, ignore=ignore)
-    return dst
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, reference_partitions):
     """SuperLink + ServerApp executor; 3 registered SuperNodes + executors; 1 intruder."""
@@ -92,7 +80,7 @@ def deployment(tmp_path_factory, reference_partitions):
         # Same command line as the others, but its key was never registered.
         dep.make_keys([INTRUDER])
         dep.start_supernode(INTRUDER, owners[NUM_CLIENTS], executor=None, partition_id=NUM_CLIENTS)
-        dep.app = copy_app(tmp / "app")
+        dep.app = cluster.copy_app(tmp / "app")
         dep.owners = owners
         dep.tmp = tmp
         yield dep
@@ -276,7 +264,7 @@ KILL_DELAY = 1.0  # seconds into that training
 
 
 def instrumented_app(dep, name: str, slow: dict, pause_from: int | None = None) -> Path:
-    app = copy_app(dep.tmp / name)
+    app = cluster.copy_app(dep.tmp / name)
     (app / "client_app.py").write_text(MARKING_CLIENT_APP.format(slow=slow))
     if pause_from is not None:
         (app / "server_app.py").write_text(PAUSING_SERVER_APP.format(pause_from=pause_from))

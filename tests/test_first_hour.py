@@ -348,15 +348,15 @@ needs_unshare = pytest.mark.skipif(not _can_unshare(),
                                    reason="needs unshare -n -p (root or user namespaces)")
 
 
-def _copy_app(dst: Path) -> Path:
-    """The app as `flwr run` reads it, outside the repository (flwr may rewrite pyproject)."""
-    dst.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md", "server_app.py", "client_app.py"):
-        shutil.copy(ROOT / name, dst / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("fedgraph_flwr", "configs"):
-        shutil.copytree(ROOT / name, dst / name, ignore=ignore)
-    return dst
+def _local_cluster():
+    """deploy/local_cluster.py (not a package): its ``copy_app``."""
+    import importlib.util
+
+    path = ROOT / "deploy" / "local_cluster.py"
+    spec = importlib.util.spec_from_file_location("deploy_local_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _in_namespace(tmp_path: Path, steps: list[tuple[str, str]], env: dict | None = None,
@@ -365,7 +365,7 @@ def _in_namespace(tmp_path: Path, steps: list[tuple[str, str]], env: dict | None
     fresh network + PID namespace with its own FLWR_HOME (so its own local SuperLink,
     started by the first step and killed with the namespace); each step's output, exit
     status and seconds."""
-    app = _copy_app(tmp_path / "app")
+    app = _local_cluster().copy_app(tmp_path / "app")
     out = tmp_path / "steps"
     out.mkdir()
     lines = ["ip link set lo up", f"cd {app}"]
