@@ -15,7 +15,8 @@ on the server's personalized payload; a SIGTERMed ``fedgraph-superexec`` with a
 ClientApp in flight leaves no process behind within 5 s; a ServerApp killed at a
 random round and resumed ends as an uninterrupted run; a SuperNode
 whose file is missing or has another feature width stops the run at the handshake
-with a message naming the problem. Every process started here is stopped (its
+with a message naming the problem; a forked ClientApp that asks for its message before
+its SuperNode has stored it waits for it. Every process started here is stopped (its
 whole process group) in the fixture's ``finally``.
 """
 
@@ -573,3 +574,29 @@ def test_bad_partition_file_stops_the_run_with_a_clear_error(deployment, problem
     finally:
         dep.stop(name)
         dep.stop(f"{name}-executor")
+
+
+def test_clientapp_forked_before_its_message_is_stored_still_answers(deployment):
+    """Flower's SuperNode creates a message's task before it stores the message, and a
+    forked ClientApp asks for the message within milliseconds. Data owner 2's SuperNode
+    here stores every message 0.5 s late (tests/supernode_storing_late.py), so its ClientApp
+    always asks too early; it must wait for the message, not fail and leave its SuperNode
+    waiting forever for a reply (before the fix: owner 2 missing from every round)."""
+    dep = deployment
+    name = L.supernode_name(2)
+    cmd, env = dep.commands[name]
+    late = [sys.executable, str(ROOT / "tests" / "supernode_storing_late.py"), *cmd[1:]]
+    dep.stop(name)
+    dep.commands[name] = (late, env)
+    try:
+        dep.restart_until_online(name)
+        out, results = flwr_run(dep, "deploy-late-message",
+                                {"rounds": 2, "round-timeout": 60.0}, timeout=240)
+        assert out.returncode == 0 and results is not None, _context(dep, out)
+        for r in results["rounds"]:
+            assert sorted(r["clients"]) == ["0", "1", "2"] and not r["failures"], r["failures"]
+        assert "No messages received from Runtime API" not in dep.log(L.clientapp_executor_name(2))
+    finally:
+        dep.stop(name)
+        dep.commands[name] = (cmd, env)
+        dep.restart_until_online(name)

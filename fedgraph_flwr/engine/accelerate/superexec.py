@@ -124,6 +124,7 @@ def _run_clientapp_in_child(spec: ExecutionSpec, parent: int) -> None:
         _die_on_signals(parent)
         _reset_inherited_state()
         _poll_local_objects_faster()
+        _wait_for_the_message()
         _install_each_fab_once()
         if spec.suppress_output:  # as SubprocessExecutor's stdout/stderr=DEVNULL
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -207,6 +208,50 @@ def _poll_local_objects_faster() -> None:
 
     defaults = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__
     defaults["initial_backoff"], defaults["backoff_cap"] = CHILD_PULL_BACKOFF
+
+
+#: Longest time (s) a forked ClientApp waits for its SuperNode to store the message its
+#: task was created for: Flower's window for a claimed task to start (30 s).
+MESSAGE_WAIT_S = 30.0
+#: First and longest pause (s) between the child's checks for that message.
+MESSAGE_POLL = (0.005, 0.2)
+
+
+def _wait_for_the_message() -> None:
+    """Flower's SuperNode creates a message's ClientApp task, and only then stores the
+    message (``start_client_internal._pull_and_store_message``). A forked ClientApp asks
+    for it within milliseconds of the task's creation; on a loaded host it can ask
+    before the message is there, and Flower's ``pull_task_input`` then fails with "No
+    messages received from Runtime API". That task ends FAILED, nobody ever takes the
+    message, and the SuperNode, which waits for a reply to each message before it
+    pulls the next, hangs for every later round and run (seen as one organisation
+    "missing" in every round). A ``flwr-clientapp`` never asks that early: it spends
+    seconds importing first. This child asks again, with short pauses, for up to
+    ``MESSAGE_WAIT_S`` (only this per-message process is affected)."""
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    pull_task_input = runtime.pull_task_input
+
+    def pull_task_input_waiting(client):
+        pull_messages = client.PullMessages
+
+        def pull_messages_waiting(request):
+            pause, longest = MESSAGE_POLL
+            deadline = time.monotonic() + MESSAGE_WAIT_S
+            while not (response := pull_messages(request)).messages_list:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, longest)
+            return response
+
+        client.PullMessages = pull_messages_waiting
+        try:
+            return pull_task_input(client)
+        finally:
+            del client.PullMessages  # the class's method again
+
+    runtime.pull_task_input = pull_task_input_waiting
 
 
 #: Under ``$FLWR_HOME/apps``: one file per FAB this host has installed, named by the
