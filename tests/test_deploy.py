@@ -156,12 +156,15 @@ def test_two_rounds_through_flwr_run(deployment):
 #: shortened so that all of them happen within 3 rounds. FedGNN's expansion needs global
 #: node ids, which the reference client files do not carry: here it runs with the
 #: expansion off (its Flower path with the expansion on: tests/test_fedgnn.py's simulation).
+#: FedSage+'s state (its generator and two Adam optimizers, 177 MB per client) stays on the
+#: owner's machine (client-state="file", as deploy/README advises for large states): under
+#: client-state="memory" it would travel between SuperNode and ClientApp with every message.
 LATER_BASELINES = {
     "fedgta": {},
     "fedstar": {},
     "fedlit": {},
     "fedgnn": {"fedgnn-expand": False},
-    "fedsage": {"fedsage-gen-rounds": 1, "fedsage-pretrain-epochs": 2},
+    "fedsage": {"fedsage-gen-rounds": 1, "fedsage-pretrain-epochs": 2, "client-state": "file"},
     "adafgl": {"adafgl-rounds-step1": 1, "adafgl-epochs": 5},
 }
 
@@ -169,9 +172,11 @@ LATER_BASELINES = {
 @pytest.mark.parametrize("algorithm", sorted(LATER_BASELINES))
 def test_later_baselines_three_rounds_each(deployment, algorithm):
     dep = deployment
+    extra = dict(LATER_BASELINES[algorithm])
+    if extra.get("client-state") == "file":
+        extra["client-state-dir"] = str(dep.tmp / "client-state" / algorithm)
     out, results = flwr_run(dep, f"deploy-{algorithm}",
-                            {"algorithm": algorithm, "rounds": 3, "round-timeout": 300.0,
-                             **LATER_BASELINES[algorithm]})
+                            {"algorithm": algorithm, "rounds": 3, "round-timeout": 300.0, **extra})
     assert out.returncode == 0 and results is not None, _context(dep, out)
     assert results["config"]["algorithm"] == algorithm
     rounds = results["rounds"]

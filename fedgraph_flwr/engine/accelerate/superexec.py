@@ -125,6 +125,7 @@ def _run_clientapp_in_child(spec: ExecutionSpec, parent: int) -> None:
         _reset_inherited_state()
         _poll_local_objects_faster()
         _wait_for_the_message()
+        _time_to_report_the_end()
         _install_each_fab_once()
         if spec.suppress_output:  # as SubprocessExecutor's stdout/stderr=DEVNULL
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -252,6 +253,28 @@ def _wait_for_the_message() -> None:
             del client.PullMessages  # the class's method again
 
     runtime.pull_task_input = pull_task_input_waiting
+
+
+#: Seconds a forked ClientApp has, once it has replied, to report its task's end (status
+#: and context) to its SuperNode before Flower's force exit (Flower: 5 s).
+CHILD_EXIT_TIMEOUT_S = 120.0
+
+
+def _time_to_report_the_end() -> None:
+    """Flower's ``flwr_exit`` kills the process ``FORCE_EXIT_TIMEOUT_SECONDS`` (5 s) after
+    it starts the exit handlers, and the handler that tells the SuperNode the task ended
+    also sends the ClientApp's whole context: with ``client-state="memory"`` that is the
+    client's state (186 MB for FedSage+ while it trains its generator: the generator and
+    two Adam optimizers). Serializing and sending it took more than 5 s on a loaded
+    host, so the process died first: the reply had been delivered, but the task stayed
+    RUNNING, and when its heartbeat lapsed 60 s later Flower's SuperNode answered every
+    message of that run then in flight with "ClientApp stopped responding" (error 8),
+    and the state update was lost. Stock ``flwr-clientapp`` has the same limit (use
+    ``client-state="file"`` for large states there). This child has nothing else to do
+    after its reply, so it waits up to ``CHILD_EXIT_TIMEOUT_S``; its heartbeat keeps
+    the task alive meanwhile."""
+    exit_module = importlib.import_module("flwr.supercore.exit.exit")
+    exit_module.FORCE_EXIT_TIMEOUT_SECONDS = CHILD_EXIT_TIMEOUT_S
 
 
 #: Under ``$FLWR_HOME/apps``: one file per FAB this host has installed, named by the
