@@ -260,3 +260,28 @@ def test_fork_server_compiles_message_passing_once(tmp_path):
                          timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "GCNConv,MaskedGCNConv,SGConv,SAGEConv"
+
+
+def test_child_reports_its_end_even_when_that_takes_longer_than_flowers_force_exit(tmp_path, monkeypatch):
+    """Flower's flwr_exit kills the process 5 s after it starts the exit handlers; the one
+    that reports the task's end sends the ClientApp's context, which took longer for a large
+    in-memory state (the task then stayed RUNNING and its run got "ClientApp stopped
+    responding" 60 s later). A forked ClientApp gives that handler its time."""
+    from flwr.supercore.constant import FORCE_EXIT_TIMEOUT_SECONDS
+    from flwr.supercore.exit import flwr_exit
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    def report_slowly() -> None:
+        time.sleep(FORCE_EXIT_TIMEOUT_SECONDS + 1.5)
+        (tmp_path / "reported").write_text("ok")
+
+    def fake_run_clientapp(**kwargs):
+        runtime.register_signal_handlers(event_type=None, exit_message="Task stopped.",
+                                         exit_handlers=[report_slowly])
+        flwr_exit(0, emit_telemetry=False)  # how run_clientapp ends
+
+    monkeypatch.setattr(fse, "run_clientapp", fake_run_clientapp)
+    executor = fse.ForkingClientAppExecutor()
+    executor.launch(_spec("task-slow-end"))
+    _reap(executor, timeout=30)
+    assert (tmp_path / "reported").read_text() == "ok"
