@@ -342,6 +342,11 @@ def kill_in_training(dep, marks: Path, cid: int, rnd: int, deadline: float, proc
             "ended": (marks / f"train-end-c{cid}-r{rnd}").exists()}
     dep.kill(L.supernode_name(cid))
     dep.kill(L.clientapp_executor_name(cid))
+    # The SIGKILL reached the whole process group at once, but only the group's leader
+    # was waited for: give the kernel a moment to end the ClientApp on a loaded host.
+    end = time.time() + 5.0
+    while alive(start["pid"]) and time.time() < end:
+        time.sleep(0.01)
     seen["gone"] = not alive(start["pid"])
     return seen
 
