@@ -156,7 +156,7 @@ def test_two_rounds_through_flwr_run(deployment):
 #: shortened so that all of them happen within 3 rounds. FedGNN's expansion needs global
 #: node ids, which the reference client files do not carry: here it runs with the
 #: expansion off (its Flower path with the expansion on: tests/test_fedgnn.py's simulation).
-#: FedSage+'s state (its generator and two Adam optimizers, 177 MB per client) stays on the
+#: FedSage+'s state (its generator and two Adam optimizers, 177 MiB per client) stays on the
 #: owner's machine (client-state="file", as deploy/README advises for large states): under
 #: client-state="memory" it would travel between SuperNode and ClientApp with every message.
 LATER_BASELINES = {

@@ -86,7 +86,7 @@ def save_state(config: dict[str, Any], context: Context, partition_id: int, blob
         return
     if len(blob) > LARGE_MEMORY_STATE and not _warned_large_state:
         _warned_large_state = True
-        print(f"fedgraph-flwr: client {partition_id}'s state is {len(blob) / 2**20:.0f} MB and "
+        print(f"fedgraph-flwr: client {partition_id}'s state is {len(blob) / 2**20:.0f} MiB and "
               f'travels with every message under client-state="memory"; client-state="file" '
               f"keeps it on this machine", file=sys.stderr, flush=True)
     context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
