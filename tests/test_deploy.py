@@ -344,9 +344,8 @@ def kill_in_training(dep, marks: Path, cid: int, rnd: int, deadline: float, proc
     dep.kill(L.clientapp_executor_name(cid))
     # The SIGKILL reached the whole process group at once, but only the group's leader
     # was waited for: give the kernel a moment to end the ClientApp on a loaded host.
-    end = time.time() + 5.0
-    while alive(start["pid"]) and time.time() < end:
-        time.sleep(0.01)
+    wait_for("the killed ClientApp to end", lambda: not alive(start["pid"]), time.time() + 5.0,
+             pause=0.01)
     seen["gone"] = not alive(start["pid"])
     return seen
 
