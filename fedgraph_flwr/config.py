@@ -81,6 +81,9 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "client-state": "context",
     "client-state-dir": "",
     "max-array-bytes": 512 * 1024 * 1024,
+    # a ClientApp refuses a phase when its machine's (or container's) memory is this full
+    # (Ray's OOM killer acts at 0.95); the run then stops with that one line. 0 = off
+    "memory-limit": 0.9,
     # float64: the published numbers; float32 halves personalized mixing for many clients
     "server-mix-dtype": "float64",
     "verbose": True,
@@ -106,6 +109,8 @@ CLIENT_KEYS = (
     "metric",
     # its state between rounds (client-state=file)
     "client-state", "client-state-dir", "run-name",
+    # its memory guard
+    "memory-limit",
 )
 
 
@@ -233,6 +238,8 @@ def validate(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"{key} must be positive, got {config[key]}")
     if config["weight-decay"] < 0:
         raise ConfigError(f"weight-decay must be >= 0, got {config['weight-decay']}")
+    if not 0.0 <= config["memory-limit"] < 1.0:
+        raise ConfigError(f"memory-limit must be in [0, 1) (0 = off), got {config['memory-limit']}")
     if not 0.0 <= config["dropout"] < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {config['dropout']}")
     if not 0.0 < config["fraction"] <= 1.0:

@@ -174,7 +174,7 @@ def run_flower_cell(overrides: dict[str, Any]) -> None:
 NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose")
 # Engine keys that change how a run is served, not its numbers.
 NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
-                   "client-state", "client-state-dir", "max-array-bytes")
+                   "client-state", "client-state-dir", "max-array-bytes", "memory-limit")
 
 
 def saved_config(config: dict[str, Any]) -> dict[str, Any]:

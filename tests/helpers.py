@@ -8,8 +8,8 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-# Per-client metric keys that differ run to run (wall times, serialised state size).
-TIMING = ("time-", "state-bytes")
+# Per-client metric keys that differ run to run (wall times, serialised state size, memory).
+TIMING = ("time-", "state-bytes", "mem-")
 
 
 def round_metrics(results: dict) -> list:

@@ -294,6 +294,35 @@ def test_csbm_minority_neighbours_are_mostly_majority():
     assert torch.equal(synthetic.csbm(seed=3).x, g.x)
 
 
+
+def test_arxiv_like_has_arxivs_shape_and_communities_that_differ():
+    g = ds.load_dataset("arxiv-synthetic", "/nonexistent")  # no files needed
+    _check_graph(g, ("community",))
+    shape = synthetic.ARXIV_SHAPE
+    assert (g.num_nodes, g.num_features) == (shape["num_nodes"], shape["num_features"])
+    assert int(g.y.max()) + 1 == shape["num_classes"] == ds.num_classes_of(g, "Synthetic-arxiv")
+    assert g.edge_index.shape[1] // 2 == pytest.approx(shape["num_edges"], rel=0.01)
+    assert ds.get_spec("Synthetic-arxiv").train_ratio == ds.get_spec("ogbn-arxiv").train_ratio
+    row, col = g.edge_index
+    assert (g.community[row] == g.community[col]).float().mean().item() == pytest.approx(0.8, abs=0.01)
+    # A community holds a few neighbouring classes: its top class is far above 1/40.
+    counts = torch.zeros(200, 40).index_put_((g.community, g.y), torch.ones(g.num_nodes), accumulate=True)
+    top_share = (counts.max(1).values / counts.sum(1)).mean().item()
+    assert top_share > 0.4
+    assert not torch.equal(counts[0].argmax(), counts[100].argmax())  # opposite sides of the ring
+    assert torch.equal(synthetic.arxiv_like(seed=0).y, g.y)
+
+
+def test_arxiv_like_small_is_exact_in_nodes_and_refuses_bad_arguments():
+    g = synthetic.arxiv_like(seed=1, num_nodes=3001, num_edges=12000, num_features=8,
+                             num_classes=5, num_communities=10)
+    assert g.num_nodes == 3001 and g.x.shape == (3001, 8)
+    assert int(torch.bincount(g.community).min()) >= 2
+    with pytest.raises(ValueError, match="intra_share"):
+        synthetic.arxiv_like(intra_share=0.0)
+    with pytest.raises(ValueError, match="probability > 1"):
+        synthetic.arxiv_like(num_nodes=200, num_edges=100_000, num_communities=10)
+
 # --- splits ----------------------------------------------------------------------------------
 def test_random_split_sizes_and_determinism():
     tr, va, te = random_split(2485, 0.2, 0.4, seed=1234)

@@ -122,7 +122,7 @@ def test_flower_simulation_matches_inprocess(tmp_path, request, dataset):
                    "client-state-token"}
     train_keys = set(json.loads((seen / "train.json").read_text()))
     assert train_keys == set(CLIENT_KEYS) | set(get_algorithm("fedavg").options.keys()) | engine_keys
-    assert len(train_keys) == len(CLIENT_KEYS) + 1 + 4 == 31  # fedavg has one option
+    assert len(train_keys) == len(CLIENT_KEYS) + 1 + 4 == 32  # fedavg has one option
     assert set(json.loads((seen / "query.json").read_text())) <= train_keys
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
     assert [r["round"] for r in flower["rounds"]] == [1, 2]
@@ -169,3 +169,23 @@ def test_progress_json_is_rewritten_after_every_round(tmp_path, data_root):
     assert progress["round"] == 3 and progress["finished"] and progress["eta_s"] == 0
     assert progress["last_round"]["clients"] == 3 and progress["last_round"]["failures"] == {}
     assert 1 <= progress["best_so_far"]["round"] <= 3
+
+
+def test_memory_use_reads_a_containers_cgroup_else_the_machine(tmp_path):
+    from fedgraph_flwr.engine import client_runtime as rt
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       8000000 kB\nMemFree: 1 kB\nMemAvailable:   2000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("max\n")  # no limit: the machine's figure
+    used, of = rt.memory_use(cgroup, meminfo)
+    assert used == pytest.approx(0.75) and of == "this machine's 7.6 GiB"
+    (cgroup / "memory.max").write_text(f"{2**30}\n")
+    (cgroup / "memory.current").write_text(f"{900 * 2**20}\n")
+    (cgroup / "memory.stat").write_text(f"anon 1\ninactive_file {100 * 2**20}\nactive_file 5\n")
+    used, of = rt.memory_use(cgroup, meminfo)
+    assert used == pytest.approx(800 / 1024) and of == "the container's 1.0 GiB"
+    rt.check_memory({"memory-limit": 0.0})  # off
+    with pytest.raises(rt.MemoryGuardError, match=r"^\d+% of .* memory is in use, over memory-limit=1e-09"):
+        rt.check_memory({"memory-limit": 1e-9})

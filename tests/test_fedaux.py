@@ -309,6 +309,24 @@ def test_signature_is_the_apv_and_does_not_scale_with_nodes():
     assert sizes[0] == sizes[1]
 
 
+
+def test_large_clients_propagate_through_a_csr_adjacency_with_the_same_logits():
+    from fedgraph_flwr.algorithms.supervised import SPARSE_ADJACENCY_MIN_NODES
+
+    cfg = make_config(dropout=0.0)
+    small = FedAuxTrainer(random_graph(n=200), cfg, 3, torch.device("cpu"))
+    assert small.message_graph() is small.data.edge_index
+    n = SPARSE_ADJACENCY_MIN_NODES
+    trainer = FedAuxTrainer(random_graph(n=n), cfg, 3, torch.device("cpu"))
+    adj = trainer.message_graph()
+    assert adj.layout == torch.sparse_csr and adj.shape == (n, n)
+    assert trainer.message_graph() is adj  # built once
+    trainer.model.eval()
+    with torch.no_grad():
+        dense_path = trainer.model(trainer.data.x, trainer.data.edge_index)
+        sparse_path = trainer.forward()
+    torch.testing.assert_close(sparse_path, dense_path, rtol=1e-4, atol=1e-5)
+
 def test_training_is_deterministic_and_learns():
     data = random_graph(n=60)
     uploads = []

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from fedgraph_flwr.engine import state_codec
-from fedgraph_flwr.engine.client_app import ERROR_TRAIN, make_client_app
+from fedgraph_flwr.engine.client_app import ERROR_MEMORY, ERROR_TRAIN, make_client_app
 from fedgraph_flwr.engine.records import SIG, from_array_record, to_array_record
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
@@ -94,6 +94,20 @@ def slow_mod(client: int, server_round: int, seconds: float):
         return call_next(msg, ctx)
 
     return hold
+
+
+def memory_full_mod(client: int, server_round: int):
+    """Make one client's memory guard see its machine as full in one round (its
+    memory-limit set to a millionth), as when memory fills up mid-run."""
+
+    def fill(msg, ctx, call_next):
+        if (msg.metadata.message_type == "train"
+                and int(ctx.node_config["partition-id"]) == client
+                and int(msg.content["config"]["server-round"]) == server_round):
+            msg.content["config"]["memory-limit"] = 1e-6
+        return call_next(msg, ctx)
+
+    return fill
 
 
 def _simulate(overrides: dict, mods: list) -> None:
@@ -170,6 +184,22 @@ def test_fail_fast_stops_at_a_client_that_misses_the_round_timeout(tmp_path, syn
     assert [r["round"] for r in results["rounds"]] == [1, 2]
     last = results["rounds"][-1]
     assert last["void"] and last["failures"] == {str(FAIL_CLIENT): "missing: no reply before round-timeout"}
+
+
+def test_a_client_whose_memory_is_full_stops_the_run_with_one_line_even_without_fail_fast(
+        tmp_path, synthetic_root):
+    cfg = _config(synthetic_root, tmp_path, "oom")  # fail-fast=False
+    expected = (f"memory guard: client {FAIL_CLIENT} failed in round {FAIL_ROUND} with error "
+                f"{ERROR_MEMORY}: MemoryGuardError: \\d+% of this machine's [0-9.]+ GiB memory is "
+                "in use, over memory-limit=1e-06")
+    with pytest.raises(RuntimeError, match=expected):
+        _simulate(cfg, [memory_full_mod(FAIL_CLIENT, FAIL_ROUND)])
+    results = json.loads((tmp_path / "oom" / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == [1, 2]
+    assert results["rounds"][-1]["void"]
+    # Every client reports its process's peak memory each round; the server its own.
+    assert all(m["mem-peak-rss-mib"] > 50 for m in results["rounds"][0]["clients"].values())
+    assert results["server_peak_rss_mib"] > 50
 
 
 def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(failing_run):

@@ -93,8 +93,8 @@ def test_resolved_options_are_typed_and_other_algorithms_keep_their_defaults():
 def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
     cfg = resolve_config({}, {"fedaux-sigma": 0.5})
     sent = client_config(cfg)
-    assert len(CLIENT_KEYS) == 26 and set(CLIENT_KEYS) <= set(COMMON_DEFAULTS)
-    assert len(sent) == 38  # 26 common + 12 fedaux-*
+    assert len(CLIENT_KEYS) == 27 and set(CLIENT_KEYS) <= set(COMMON_DEFAULTS)
+    assert len(sent) == 39  # 27 common + 12 fedaux-*
     assert list(sent) == [*CLIENT_KEYS, *FedAuxOptions.keys()]
     assert sent["fedaux-sigma"] == 0.5
     assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",

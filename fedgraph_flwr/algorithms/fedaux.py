@@ -118,7 +118,7 @@ class FedAuxTrainer(SupervisedTrainer):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
-        h = self.model.embed(self.data.x, self.data.edge_index)  # one pass for both uses
+        h = self.model.embed(self.data.x, self.message_graph())  # one pass for both uses
         metrics = self.metrics_from_logits(self.model.head(h))
         metrics["apv_pc_alignment"] = apv_alignment(h, self.model.apv)
         return metrics

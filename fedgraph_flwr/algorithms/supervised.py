@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
+from torch_geometric.utils import to_torch_csr_tensor
 
 from ..metrics import pooled_counts, score
 from .base import Arrays, ClientTrainer, Config
@@ -35,6 +37,14 @@ def state_follows() -> Iterator[None]:
         yield
     finally:
         _STATE_FOLLOWS.reset(token)
+
+
+#: A client with at least this many nodes gives a model that declares
+#: ``accepts_sparse_adjacency`` a CSR adjacency instead of ``edge_index``: each layer is
+#: then one sparse-dense product instead of an [E, d] message tensor, the same sums in
+#: another order, about 5x faster and far smaller on a 35k-node client (issue #29).
+#: Every published figure comes from smaller clients, so none moves.
+SPARSE_ADJACENCY_MIN_NODES = 4097
 
 
 def resolve_metric(config: Config, num_classes: int) -> str:
@@ -106,7 +116,21 @@ class SupervisedTrainer(ClientTrainer):
 
     def forward(self) -> torch.Tensor:
         """Logits [n, C] for every node of the client."""
-        return self.model(self.data.x, self.data.edge_index)
+        return self.model(self.data.x, self.message_graph())
+
+    def message_graph(self) -> torch.Tensor:
+        """``edge_index``, or for a large client and a model that accepts one, its
+        adjacency as a CSR ``adj_t`` (row = target), built once."""
+        data = self.data
+        if (data.num_nodes < SPARSE_ADJACENCY_MIN_NODES
+                or not getattr(self.model, "accepts_sparse_adjacency", False)):
+            return data.edge_index
+        if getattr(self, "_adjacency", None) is None:
+            with warnings.catch_warnings():  # torch: "sparse CSR support is in beta"
+                warnings.simplefilter("ignore", UserWarning)
+                self._adjacency = to_torch_csr_tensor(data.edge_index.flip(0),
+                                                      size=(data.num_nodes, data.num_nodes))
+        return self._adjacency
 
     def extra_loss(self) -> torch.Tensor | float:
         """Added to the cross-entropy each step (proximal, sparsity, ...)."""

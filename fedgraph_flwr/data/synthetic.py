@@ -173,3 +173,86 @@ def csbm(
         block=torch.from_numpy(block).long(),
         p_majority=torch.from_numpy(p_k).float(), minority_ratio=torch.from_numpy(q_k).float(),
     )
+
+
+#: ogbn-arxiv's shape: nodes, undirected edges (after ToUndirected), features, classes.
+ARXIV_SHAPE = {"num_nodes": 169_343, "num_edges": 1_166_243, "num_features": 128,
+               "num_classes": 40}
+
+
+def _ring_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance on the unit circle of positions in [0, 1)."""
+    d = np.abs(a - b) % 1.0
+    return np.minimum(d, 1.0 - d)
+
+
+def arxiv_like(
+    seed: int = 0,
+    num_nodes: int = ARXIV_SHAPE["num_nodes"],
+    num_edges: int = ARXIV_SHAPE["num_edges"],
+    num_features: int = ARXIV_SHAPE["num_features"],
+    num_classes: int = ARXIV_SHAPE["num_classes"],
+    num_communities: int = 200,
+    intra_share: float = 0.8,
+    ring_decay: float = 0.05,
+    label_width: float = 0.5,
+    label_noise: float = 0.1,
+    feature_signal: float = 0.12,
+) -> Data:
+    """A seeded graph with ogbn-arxiv's shape and community structure (issue #29's workload).
+
+    Communities (log-normal sizes) sit on a ring, like research areas: a share
+    ``intra_share`` of the expected ``num_edges`` undirected edges falls inside
+    communities, the rest between communities with a probability that decays as
+    ``exp(-ring distance / ring_decay)``. So METIS cuts the ring into arcs, and clients
+    differ. Classes sit on the same ring; a community's labels follow a Gaussian of
+    width ``label_width`` class spacings around its position, mixed with ``label_noise``
+    uniform labels, so each community holds a few neighbouring classes and neighbouring
+    clients share some. Features: ``feature_signal``·μ_y + N(0, I), μ_c ~ N(0, I), so
+    features alone are weak and the graph helps: on a global 5/47.5/47.5 split a two-layer
+    MLP reaches 17 % test accuracy and a two-layer GCN 62 % (100 full-batch Adam epochs).
+
+    Degrees are Poisson within blocks, not arxiv's heavy tail. Cost: one iteration per
+    community pair (``num_communities``²/2) plus O(num_edges) sampling; no N×N array.
+
+    Returns Data(x [N, F] float32, edge_index [2, 2·E] int64, y [N] int64,
+    community [N] int64).
+    """
+    if not 0.0 < intra_share <= 1.0:
+        raise ValueError("intra_share must lie in (0, 1]")
+    if num_communities < 2 or num_nodes < 2 * num_communities:
+        raise ValueError("need at least 2 communities and 2 nodes per community")
+    rng = np.random.default_rng(seed)
+    weights = rng.lognormal(0.0, 0.5, num_communities)
+    sizes = np.floor(weights / weights.sum() * num_nodes).astype(np.int64)
+    sizes[: num_nodes - int(sizes.sum())] += 1  # exact total
+    sizes = np.maximum(sizes, 2)
+    sizes[np.argmax(sizes)] -= int(sizes.sum()) - num_nodes
+
+    position = (np.arange(num_communities) + 0.5) / num_communities
+    intra_pairs = sizes * (sizes - 1) / 2.0
+    pair_weight = np.exp(-_ring_distance(position[:, None], position[None, :]) / ring_decay)
+    np.fill_diagonal(pair_weight, 0.0)
+    inter_mass = float((np.outer(sizes, sizes) * pair_weight).sum() / 2.0)
+    probs = pair_weight * ((1.0 - intra_share) * num_edges / inter_mass)
+    np.fill_diagonal(probs, intra_share * num_edges / intra_pairs.sum())
+    if (probs > 1).any():
+        raise ValueError("edge probability > 1: use fewer edges or more communities")
+    edge_index = sbm_edge_index(sizes, probs, seed)
+
+    label_rng = np.random.default_rng(seed + 1)  # labels and features do not depend on edges
+    community = np.repeat(np.arange(num_communities), sizes)
+    class_position = (np.arange(num_classes) + 0.5) / num_classes
+    spacing = _ring_distance(position[:, None], class_position[None, :]) * num_classes
+    label_probs = np.exp(-0.5 * (spacing / label_width) ** 2)
+    label_probs = ((1.0 - label_noise) * label_probs / label_probs.sum(1, keepdims=True)
+                   + label_noise / num_classes)
+    cdf = np.cumsum(label_probs, 1)
+    u = label_rng.random(num_nodes)
+    y = np.minimum((u[:, None] > cdf[community]).sum(1), num_classes - 1)
+
+    means = label_rng.standard_normal((num_classes, num_features)).astype(np.float32)
+    x = feature_signal * means[y] + label_rng.standard_normal((num_nodes, num_features),
+                                                               dtype=np.float32)
+    return Data(x=torch.from_numpy(x), edge_index=edge_index, y=torch.from_numpy(y).long(),
+                community=torch.from_numpy(community).long())

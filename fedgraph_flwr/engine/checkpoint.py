@@ -19,7 +19,7 @@ from .recorder import atomic_write
 RESUMABLE_CHANGES = frozenset({
     "rounds", "resume", "fail-fast", "round-timeout", "handshake-timeout", "min-clients",
     "verbose", "output-dir", "data-root", "partition-dir", "config-file", "client-state",
-    "client-state-dir", "max-array-bytes",
+    "client-state-dir", "max-array-bytes", "memory-limit",
 })
 
 

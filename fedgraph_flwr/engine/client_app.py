@@ -31,6 +31,7 @@ from .records import array_to_bytes, bytes_to_array, from_array_record, to_array
 ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
 ERROR_TRAIN = 4002  # the trainer raised
 ERROR_DATA_ROOT = 4003  # the dataset is not under the client's data root (rt.DataRootError)
+ERROR_MEMORY = 4004  # memory fuller than memory-limit (rt.MemoryGuardError): the run stops
 STATE_KEY = "fedgraph-state"
 
 
@@ -117,6 +118,10 @@ def train(message: Message, context: Context) -> Message:
     payload) or another phase of the algorithm's round."""
     t0 = time.perf_counter()
     try:
+        rt.check_memory(_config(message))  # before loading anything
+    except rt.MemoryGuardError as exc:
+        return _error_reply(message, ERROR_MEMORY, exc)
+    try:
         config, identity, data, _ = _identity_and_data(message, context)
     except Exception as exc:  # noqa: BLE001
         return _data_error_reply(message, exc)
@@ -129,6 +134,9 @@ def train(message: Message, context: Context) -> Message:
             int(config["server-round"]), identity.partition_id,
         )
         save_state(config, context, identity.partition_id, out.state, phase)
+        rt.check_memory(config)  # what the phase left: the next one would start from it
+    except rt.MemoryGuardError as exc:
+        return _error_reply(message, ERROR_MEMORY, exc)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         return _error_reply(message, ERROR_TRAIN, exc)
@@ -137,6 +145,7 @@ def train(message: Message, context: Context) -> Message:
     metrics["partition-id"] = identity.partition_id
     metrics["state-bytes"] = len(out.state)
     metrics["time-client"] = time.perf_counter() - t0
+    metrics["mem-peak-rss-mib"] = rt.peak_rss_mib()
     content = RecordDict({"arrays": to_array_record(out.upload),
                           "metrics": to_metric_record(metrics, out.signature)})
     return Message(content, reply_to=message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,57 @@ class ClientDataError(RuntimeError):
 class DataRootError(ClientDataError):
     """The dataset's raw files are not under the data root this client resolved: a
     setting of the run or of the client's environment, the same on every client."""
+
+
+class MemoryGuardError(RuntimeError):
+    """This machine's memory is fuller than ``memory-limit``: the client refuses the phase
+    before Ray's (or the kernel's) out-of-memory killer ends it without a word."""
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def memory_use(cgroup: Path = Path("/sys/fs/cgroup"),
+               meminfo: Path = Path("/proc/meminfo")) -> tuple[float, str] | None:
+    """(used fraction, what it is of) for this process's memory bound: its cgroup v2
+    limit where one is set (a container), else the machine's; None where neither can be
+    read (not Linux). Used = total - available, and for a cgroup its usage less the page
+    cache it can drop (``inactive_file``), as Ray's memory monitor counts it."""
+    limit = _read_int(cgroup / "memory.max")
+    current = _read_int(cgroup / "memory.current")
+    if limit and current is not None:
+        inactive = 0
+        try:
+            for line in (cgroup / "memory.stat").read_text().splitlines():
+                if line.startswith("inactive_file "):
+                    inactive = int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return max(current - inactive, 0) / limit, f"the container's {limit / 2**30:.1f} GiB"
+    try:
+        info = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
+        total = int(info["MemTotal"].split()[0])
+        available = int(info["MemAvailable"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return None
+    return (total - available) / total, f"this machine's {total / 2**20:.1f} GiB"
+
+
+def check_memory(config: Config) -> None:
+    """Raise :class:`MemoryGuardError` (one line) when memory is fuller than ``memory-limit``."""
+    limit = float(config.get("memory-limit", 0.0) or 0.0)
+    use = memory_use() if limit > 0 else None
+    if use is None or use[0] < limit:
+        return
+    raise MemoryGuardError(
+        f"{100 * use[0]:.0f}% of {use[1]} memory is in use, over memory-limit={limit:g}, "
+        f"so this client stopped before an out-of-memory kill: run fewer clients at once "
+        f"(a larger client-resources-num-cpus), use client-state=\"file\", or give it more memory")
 
 
 @dataclass
@@ -200,6 +252,12 @@ def ray_resources() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a diagnostic only: never fail the handshake for it
         pass
     return out
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB): a simulated ClientApp's Ray actor,
+    a deployment's ClientApp process, or the ServerApp."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def pick_device() -> torch.device:

@@ -23,6 +23,13 @@ from ..config import default_run_name
 from .federation import ClientReply, Federation, nbytes
 from .transport import Exchange, Transport
 
+#: In a failure's reason: the client's memory guard refused (client_runtime.MemoryGuardError).
+MEMORY_GUARD = "MemoryGuardError"
+
+
+def out_of_memory(failures: dict[int, str]) -> bool:
+    return any(MEMORY_GUARD in reason for reason in failures.values())
+
 
 class RunAborted(RuntimeError):
     """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason."""
@@ -129,7 +136,8 @@ class RoundDriver:
             active = [c for c in active if c not in failures]  # a failed client sits out the rest
         t_wait = time.perf_counter()
         failures.update(exchange.failures)
-        abort = bool(exchange.failures) and bool(self.config["fail-fast"])
+        abort = bool(exchange.failures) and (bool(self.config["fail-fast"])
+                                             or out_of_memory(exchange.failures))
         record = fed.complete_round(
             server_round, sampled, exchange.replies, failures, sent,
             times={"round": time.perf_counter() - t0, "wait": t_wait - t0},
@@ -148,8 +156,9 @@ class RoundDriver:
     # --- failures -------------------------------------------------------------------
     def check_fail_fast(self, fed: Federation, server_round: int, failures: dict[int, str],
                         partial: tuple[list[int], dict[int, int], float] | None) -> None:
-        """Under ``fail-fast`` a failure in any phase ends the run (the round recorded void)."""
-        if not failures or not self.config["fail-fast"]:
+        """Under ``fail-fast`` a failure in any phase ends the run (the round recorded void);
+        so does a client's memory guard, always: the next phase would be killed."""
+        if not failures or not (self.config["fail-fast"] or out_of_memory(failures)):
             return
         if partial is not None:
             sampled, sent, t0 = partial
@@ -158,12 +167,14 @@ class RoundDriver:
         self.abort(fed, server_round, failures)
 
     def abort(self, fed: Federation, server_round: int, failures: dict[int, str]) -> None:
-        cid, reason = sorted(failures.items())[0]
+        guarded = {c: r for c, r in failures.items() if MEMORY_GUARD in r}
+        cid, reason = sorted((guarded or failures).items())[0]
         if reason.startswith("missing"):
             what = (f"client {cid} sent no reply in round {server_round} within "
                     f"round-timeout={self.config['round-timeout']} s")
         else:
             what = f"client {cid} failed in round {server_round} with {reason}"
         out = fed.write_results()
-        raise RunAborted(f"fail-fast: {what} (round recorded in {(out / 'results.json').resolve()})")
+        why = "memory guard" if guarded else "fail-fast"
+        raise RunAborted(f"{why}: {what} (round recorded in {(out / 'results.json').resolve()})")
 

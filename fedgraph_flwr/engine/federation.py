@@ -27,6 +27,7 @@ from ..config import client_config as client_view
 from ..config import default_run_name
 from . import protocols
 from .checkpoint import Checkpointer
+from .client_runtime import peak_rss_mib
 from .recorder import Recorder, RoundLog, atomic_write, nbytes
 from .roster import Roster
 
@@ -253,6 +254,7 @@ class Federation:
             "rounds": [{**r.to_json(), "held_mean_val": held[r.round][0],
                         "held_mean_test": held[r.round][1]} for r in self.rounds],
             "wall_time_s": self.wall_time(),
+            "server_peak_rss_mib": peak_rss_mib(),
             "final": self.final(),
         }
         if self.precompute:

@@ -48,6 +48,11 @@ class InProcessTransport(Transport):
         server_round = int(config["server-round"])
         num_classes = int(config["num-classes-global"])
         for cid, arrays in requests.items():
+            try:
+                rt.check_memory(config)
+            except rt.MemoryGuardError as exc:
+                out.failures[cid] = f"{type(exc).__name__}: {exc}"
+                continue
             if config["client-state"] == "file":
                 state = rt.load_state_file(config, cid, server_round, phase)
                 result = rt.phase_round(self.data[cid], num_classes, config, phase, arrays,
@@ -60,7 +65,8 @@ class InProcessTransport(Transport):
                                                             None, self.device)
                 result = rt.run_phase(self.trainers[cid], config, phase, arrays, server_round, cid)
                 extra = {}
-            metrics = {**result.metrics, **result.timings, "partition-id": cid, **extra}
+            metrics = {**result.metrics, **result.timings, "partition-id": cid,
+                       "mem-peak-rss-mib": rt.peak_rss_mib(), **extra}
             out.replies[cid] = ClientReply(result.upload, result.signature, metrics,
                                            nbytes(result.upload) + 4 * signature_floats(result.signature))
             out.waits[cid] = time.perf_counter() - t0

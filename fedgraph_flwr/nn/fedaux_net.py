@@ -43,6 +43,9 @@ CLASSIFIER_INITS = ("torch", "xavier")
 class FedAuxNet(nn.Module):
     """GCN backbone of width ``hidden`` (= APV dimension d') plus the APV branch."""
 
+    #: ``forward``/``embed`` take a CSR ``adj_t`` as well as ``edge_index`` (GCNConv does).
+    accepts_sparse_adjacency = True
+
     def __init__(
         self,
         in_channels: int,
