@@ -12,6 +12,17 @@ peak RSS is that run's. Seconds per round: median of rounds 2.. (round 1 builds
 caches). FedAux uses ``fedaux-kernel=chebyshev`` here (K = 10 gives 10k-node clients,
 where the exact chunked kernel alone takes minutes per round; see apv_kernel.py).
 
+``--simulation`` runs each federation as a Flower simulation instead (Ray backend, one
+CPU per ClientApp, ``--cpus`` in all, ``client-state=file``), with ``--fraction`` of the
+clients sampled per round, e.g. a thousand simulated clients (issue #29):
+
+    OMP_NUM_THREADS=1 python benchmarks/client_scaling.py --simulation --clients 1000 \
+        --fraction 0.1 --rounds 20
+
+It then reports the ServerApp process's peak RSS and the largest peak RSS a ClientApp
+actor reported (``mem-peak-rss-mib``), and the failures on record (an out-of-memory kill
+would show as one).
+
 Prints a table and one JSON line per run (``{"benchmark": "client_scaling", ...}``).
 """
 
@@ -75,6 +86,41 @@ def run_one(algorithm: str, clients: int, folder: str, rounds: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
+def run_one_simulated(algorithm: str, clients: int, folder: str, rounds: int,
+                      fraction: float, cpus: int) -> dict:
+    """One federation as a Flower simulation in this process; returns its figures."""
+    from flwr.simulation import run_simulation
+
+    from fedgraph_flwr.engine.client_app import make_client_app
+    from fedgraph_flwr.engine.server_app import make_server_app
+
+    out = Path(tempfile.mkdtemp(prefix="client-scaling-sim-"))
+    config = {"algorithm": algorithm, "partition": "files", "partition-dir": folder,
+              "num-clients": clients, "rounds": rounds, "fraction": fraction,
+              "output-dir": str(out), "run-name": "sim", "client-state": "file",
+              "data-root": str(out), **EXTRA.get(algorithm, {})}
+    t0 = time.perf_counter()
+    run_simulation(make_server_app(config), make_client_app(), num_supernodes=clients,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": cpus, "include_dashboard": False}})
+    total = time.perf_counter() - t0
+    results = json.loads((out / "sim" / "results.json").read_text())
+    per_round = [r["times"]["round"] for r in results["rounds"]]
+    return {"benchmark": "client_scaling", "engine": "flower-simulation", "algorithm": algorithm,
+            "clients": clients, "fraction": fraction, "rounds": len(results["rounds"]),
+            "s_per_round": statistics.median(per_round[1:] or per_round),
+            "aggregate_s_per_round": statistics.median(
+                [r["times"]["aggregate"] for r in results["rounds"]]),
+            "total_s_incl_loading": total,
+            "server_peak_rss_mb": results["server_peak_rss_mib"],
+            "client_peak_rss_mb": max(m.get("mem-peak-rss-mib", 0.0) for r in results["rounds"]
+                                      for m in r["clients"].values()),
+            "failures": results["final"]["failures"],
+            # a round's sampled clients only: with fraction < 1 some clients never ran
+            "last_round_mean_test": 100 * statistics.mean(
+                m["test_metric"] for m in results["rounds"][-1]["clients"].values())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=100_000)
@@ -82,11 +128,19 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "fedaux"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--simulation", action="store_true", help="run as Flower simulations")
+    ap.add_argument("--fraction", type=float, default=1.0, help="clients sampled per round")
+    ap.add_argument("--cpus", type=int, default=2, help="Ray CPUs in a simulation")
     ap.add_argument("--one", nargs=3, metavar=("ALGORITHM", "CLIENTS", "FOLDER"),
                     help=argparse.SUPPRESS)  # internal: one run in a fresh process
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.one[2], args.rounds)))
+        if args.simulation:
+            row = run_one_simulated(args.one[0], int(args.one[1]), args.one[2], args.rounds,
+                                    args.fraction, args.cpus)
+        else:
+            row = run_one(args.one[0], int(args.one[1]), args.one[2], args.rounds)
+        print(json.dumps(row))
         return
     rows = []
     root = Path(tempfile.mkdtemp(prefix="client-scaling-"))
@@ -97,11 +151,21 @@ def main() -> None:
         for algorithm in args.algorithms:
             out = subprocess.run(
                 [sys.executable, __file__, "--rounds", str(args.rounds),
-                 "--one", algorithm, str(k), str(folder)],
+                 "--one", algorithm, str(k), str(folder),
+                 *(["--simulation", "--fraction", str(args.fraction), "--cpus", str(args.cpus)]
+                   if args.simulation else [])],
                 check=True, capture_output=True, text=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             rows[-1]["nodes"] = args.nodes
             print(json.dumps(rows[-1]), flush=True)
+    if args.simulation:
+        print(f"{'algorithm':<9} {'clients':>7} {'s/round':>8} {'aggr s':>7} {'server MB':>9} "
+              f"{'client MB':>9} {'failures':>8}")
+        for r in rows:
+            print(f"{r['algorithm']:<9} {r['clients']:>7} {r['s_per_round']:>8.2f} "
+                  f"{r['aggregate_s_per_round']:>7.3f} {r['server_peak_rss_mb']:>9.0f} "
+                  f"{r['client_peak_rss_mb']:>9.0f} {r['failures']:>8}")
+        return
     print(f"{'algorithm':<9} {'clients':>7} {'s/round':>8} {'train s':>8} {'aggr s':>7} {'peak MB':>8}")
     for r in rows:
         print(f"{r['algorithm']:<9} {r['clients']:>7} {r['s_per_round']:>8.2f} "
