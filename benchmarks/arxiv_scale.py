@@ -16,8 +16,9 @@ subprocess, so its memory figures are its own:
 - the accuracy curve (mean test accuracy over clients per round) and the test accuracy at
   the best mean-validation round.
 
-Prints a table and one JSON line per run (``{"benchmark": "arxiv_scale", ...}``);
-``--plot`` draws the curves.
+Prints a table and one JSON line per run (``{"benchmark": "arxiv_scale", ...}``), appended
+to ``<out>/arxiv_scale.jsonl``; ``--plot`` draws the curves, ``--replot JSONL`` draws them
+again from such a file without running anything.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-root", required=True, help="writable: the partition cache goes here")
+    ap.add_argument("--data-root", default="", help="writable: the partition cache goes here")
     ap.add_argument("--runs", nargs="+", default=["fedaux:5", "fediih:5"],
                     metavar="ALGORITHM:CLIENTS")
     ap.add_argument("--rounds", type=int, default=100)
@@ -102,9 +103,16 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/arxiv-scale")
     ap.add_argument("--plot", default="", help="PNG path for the accuracy curves")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--replot", default="", metavar="JSONL", help="only plot these rows")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: one run, JSON out
     args = ap.parse_args()
     out = Path(args.out).resolve()
+    if args.replot:
+        plot([json.loads(line) for line in Path(args.replot).read_text().splitlines() if line],
+             Path(args.plot or "arxiv-scale.png"))
+        return
+    if not args.data_root:
+        ap.error("--data-root is required to run")
 
     if args.one:
         algorithm, clients = args.one.split(":")
