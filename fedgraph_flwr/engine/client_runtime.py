@@ -88,7 +88,8 @@ def check_memory(config: Config) -> None:
     raise MemoryGuardError(
         f"{100 * use[0]:.0f}% of {use[1]} memory is in use, over memory-limit={limit:g}, "
         f"so this client stopped before an out-of-memory kill: run fewer clients at once "
-        f"(a larger client-resources-num-cpus), use client-state=\"file\", or give it more memory")
+        f"(a larger client-resources-num-cpus), use client-state=\"file\", give it more memory, "
+        f"or set memory-limit=0 to turn this check off")
 
 
 @dataclass
