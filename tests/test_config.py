@@ -39,6 +39,7 @@ def test_defaults_resolve():
         ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
         ({"server-mix-dtype": "float16"}, "unknown server-mix-dtype 'float16'"),
         ({"metis-library": "metis5"}, "unknown metis-library 'metis5'; valid: pymetis, system"),
+        ({"memory-limit": 1.0}, "memory-limit must be in [0, 1) (0 = off), got 1.0"),
     ],
 )
 def test_bad_input_is_one_line(overrides, fragment):
@@ -70,6 +71,15 @@ def test_yaml_unknown_key(tmp_path):
 def test_types_are_coerced():
     cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
     assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "scale").glob("*.yaml")), ids=lambda p: p.stem)
+def test_scale_configs_resolve_on_the_offline_arxiv_graph(path):
+    cfg = resolve_config(None, {"config-file": str(path)})
+    assert path.stem == f"{cfg['algorithm']}-synthetic-arxiv"
+    assert cfg["dataset"] == "Synthetic-arxiv" and cfg["client-state"] == "file"
+    real = resolve_config(None, {"config-file": str(path), "dataset": "ogbn-arxiv"})
+    assert real["dataset"] == "ogbn-arxiv"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("fed*/*.yaml")), ids=lambda p: p.stem)
