@@ -6,8 +6,9 @@
 Each run is ``configs/scale/<algorithm>-synthetic-arxiv.yaml`` (the offline graph
 ``Synthetic-arxiv``: 169,343 nodes, ~1.17M undirected edges, 128 features, 40 classes;
 ``--set dataset=ogbn-arxiv`` runs the real one where ogb can download it) with K METIS
-clients, as a Flower simulation (``flwr.simulation.run_simulation``: the Ray backend,
-one CPU per ClientApp, ``--cpus`` in all) with ``client-state=file``. Each run is a fresh
+clients, as a Flower simulation (``experiments.run_flower_cell``: Flower's
+``run_simulation``, the Ray backend, one CPU per ClientApp, ``--cpus`` in all) with
+``client-state=file``. Each run is a fresh
 subprocess, so its memory figures are its own:
 
 - wall time: the whole simulation, METIS partitioning and Ray start-up included;
@@ -38,11 +39,8 @@ CONFIGS = HERE.parent / "configs" / "scale"
 def one_run(algorithm: str, clients: int, rounds: int, data_root: str, out: Path, cpus: int,
             extra: list[str]) -> dict:
     """One simulation in this process; returns the summary dict."""
-    from flwr.simulation import run_simulation
-
     from fedgraph_flwr.config import resolve_config
-    from fedgraph_flwr.engine.client_app import make_client_app
-    from fedgraph_flwr.engine.server_app import make_server_app
+    from fedgraph_flwr.experiments import run_flower_cell
 
     name = f"{algorithm}-arxiv-{clients}"
     cfg = {"config-file": str(CONFIGS / f"{algorithm}-synthetic-arxiv.yaml"),
@@ -51,9 +49,7 @@ def one_run(algorithm: str, clients: int, rounds: int, data_root: str, out: Path
            **dict(kv.split("=", 1) for kv in extra)}
     resolved = resolve_config(None, cfg)
     t0 = time.perf_counter()
-    run_simulation(make_server_app(cfg), make_client_app(), num_supernodes=clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": cpus, "include_dashboard": False}})
+    run_flower_cell(cfg, num_cpus=cpus)
     wall = time.perf_counter() - t0
     res = json.loads((out / name / "results.json").read_text())
     client_rss = [m.get("mem-peak-rss-mib", float("nan"))

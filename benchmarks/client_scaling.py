@@ -89,10 +89,7 @@ def run_one(algorithm: str, clients: int, folder: str, rounds: int) -> dict:
 def run_one_simulated(algorithm: str, clients: int, folder: str, rounds: int,
                       fraction: float, cpus: int) -> dict:
     """One federation as a Flower simulation in this process; returns its figures."""
-    from flwr.simulation import run_simulation
-
-    from fedgraph_flwr.engine.client_app import make_client_app
-    from fedgraph_flwr.engine.server_app import make_server_app
+    from fedgraph_flwr.experiments import run_flower_cell
 
     out = Path(tempfile.mkdtemp(prefix="client-scaling-sim-"))
     config = {"algorithm": algorithm, "partition": "files", "partition-dir": folder,
@@ -100,9 +97,7 @@ def run_one_simulated(algorithm: str, clients: int, folder: str, rounds: int,
               "output-dir": str(out), "run-name": "sim", "client-state": "file",
               "data-root": str(out), **EXTRA.get(algorithm, {})}
     t0 = time.perf_counter()
-    run_simulation(make_server_app(config), make_client_app(), num_supernodes=clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": cpus, "include_dashboard": False}})
+    run_flower_cell(config, num_cpus=cpus)
     total = time.perf_counter() - t0
     results = json.loads((out / "sim" / "results.json").read_text())
     per_round = [r["times"]["round"] for r in results["rounds"]]
