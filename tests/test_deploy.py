@@ -158,7 +158,7 @@ def test_two_rounds_through_flwr_run(deployment):
 #: expansion off (its Flower path with the expansion on: tests/test_fedgnn.py's simulation).
 #: FedSage+'s state (its generator and two Adam optimizers, 177 MiB per client) stays on the
 #: owner's machine (client-state="file", as deploy/README advises for large states): under
-#: client-state="memory" it would travel between SuperNode and ClientApp with every message.
+#: client-state="context" it would travel between SuperNode and ClientApp with every message.
 LATER_BASELINES = {
     "fedgta": {},
     "fedstar": {},

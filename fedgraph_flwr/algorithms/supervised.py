@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
+import functools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +29,19 @@ from .base import Arrays, ClientTrainer, Config
 # model's random initial values would be overwritten at once, so trainers that allow it
 # allocate the model uninitialised instead.
 _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
+
+#: Config keys that change every round; every other key may shape the model.
+_ROUND_KEYS = frozenset({"server-round"})
+
+
+@functools.lru_cache(maxsize=16)
+def _meta_model(cls: type, num_features: int, num_classes: int,
+                config_items: tuple[tuple[str, Any], ...]) -> nn.Module:
+    """``cls.build_model`` on the meta device (shapes only, no storage), built once per
+    process and shape: a ClientApp restores its trainer every round, and building the
+    layers (PyG inspects each conv's signatures) cost more than copying them."""
+    with torch.device("meta"):
+        return cls.build_model(num_features, num_classes, dict(config_items))
 
 
 @contextlib.contextmanager
@@ -92,8 +107,7 @@ class SupervisedTrainer(ClientTrainer):
         # Same seed everywhere: every client (and the server) builds the same initial model.
         torch.manual_seed(int(config["seed"]))
         if self.restore_without_init and _STATE_FOLLOWS.get():
-            with torch.device("meta"):
-                model = self.build_model(data.num_features, num_classes, config)
+            model = copy.deepcopy(self._meta_model(data.num_features, num_classes, config))
             if any(m._non_persistent_buffers_set for m in model.modules()):  # not in any state
                 raise RuntimeError(f"{type(self).__name__}: restore_without_init with "
                                    f"non-persistent buffers")
@@ -102,6 +116,15 @@ class SupervisedTrainer(ClientTrainer):
             self.model = self.build_model(data.num_features, num_classes, config).to(device)
         self.optimizer = self.build_optimizer()
         self.metric = resolve_metric(config, num_classes)
+
+    @classmethod
+    def _meta_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
+        items = tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
+        try:
+            return _meta_model(cls, num_features, num_classes, items)
+        except TypeError:  # an unhashable config value: no cache
+            with torch.device("meta"):
+                return cls.build_model(num_features, num_classes, config)
 
     # --- what subclasses specialise -------------------------------------------------
     @classmethod

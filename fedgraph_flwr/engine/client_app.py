@@ -73,7 +73,7 @@ def load_state(config: dict[str, Any], context: Context, partition_id: int,
     return array_to_bytes(record["blob"])
 
 
-#: A client state larger than this (bytes) in ``client-state="memory"`` gets one warning
+#: A client state larger than this (bytes) in ``client-state="context"`` gets one warning
 #: per process: it travels between the SuperNode and the ClientApp with every message.
 LARGE_MEMORY_STATE = 64 * 2**20
 _warned_large_state = False
@@ -88,7 +88,7 @@ def save_state(config: dict[str, Any], context: Context, partition_id: int, blob
     if len(blob) > LARGE_MEMORY_STATE and not _warned_large_state:
         _warned_large_state = True
         print(f"fedgraph-flwr: client {partition_id}'s state is {len(blob) / 2**20:.0f} MiB and "
-              f'travels with every message under client-state="memory"; client-state="file" '
+              f'travels with every message under client-state="context"; client-state="file" '
               f"keeps it on this machine", file=sys.stderr, flush=True)
     context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
 

@@ -270,8 +270,9 @@ def state_to_bytes(state: dict[str, Any]) -> bytes:
     return state_codec.encode(state)
 
 
-def state_from_bytes(blob: bytes, device: torch.device) -> dict[str, Any]:
-    return state_codec.decode(blob, device)
+def state_from_bytes(blob: bytes | bytearray | memoryview, device: torch.device) -> dict[str, Any]:
+    """A bytearray (a state file's bytes) is handed over to the tensors, not copied."""
+    return state_codec.decode(blob, device, take=isinstance(blob, bytearray))
 
 
 # --- client state kept in files (client-state=file) ---------------------------------------
@@ -337,14 +338,18 @@ def state_file(config: Config, partition_id: int, server_round: int,
 
 
 def load_state_file(config: Config, partition_id: int, server_round: int,
-                    phase: Phase | None = None) -> bytes | None:
+                    phase: Phase | None = None) -> bytearray | None:
     """The client's state from the last phase it ran before this one (``phase``: the
-    train phase when None)."""
+    train phase when None), as a bytearray the trainer's tensors may keep."""
     here = _position(config, server_round, phase)
     older = [(pos, p) for p, (_, pos) in _state_files(config, partition_id).items() if pos < here]
     if not older:
         return None
-    return max(older)[1].read_bytes()
+    with open(max(older)[1], "rb") as f:
+        blob = bytearray(os.fstat(f.fileno()).st_size)
+        if f.readinto(blob) != len(blob):
+            raise OSError(f"{f.name}: short read")
+        return blob
 
 
 def save_state_file(config: Config, partition_id: int, server_round: int, blob: bytes,

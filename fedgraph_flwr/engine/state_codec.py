@@ -79,14 +79,17 @@ def encode(state: Any) -> bytes:
     return framing.write(MAGIC, skeleton, [_tensor_bytes(t) for t in tensors])
 
 
-def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "cpu") -> Any:
+def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "cpu",
+           take: bool = False) -> Any:
     """The state :func:`encode` wrote (or an older ``torch.save`` blob), on ``device``.
 
     Tensors on CPU share one private, writable copy of the blob's tensor bytes: the
     optimizer and model load_state_dict may keep them as their own storage and update
-    them in place, so they must not alias the caller's bytes.
+    them in place, so they must not alias the caller's bytes. With ``take`` a writable
+    ``blob`` (a bytearray read from a state file) is handed over and used as that storage
+    instead of copied.
     """
-    framed = framing.read(blob, MAGIC)
+    framed = framing.read(blob, MAGIC, take=take)
     if framed is None:
         return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
     header, data = framed

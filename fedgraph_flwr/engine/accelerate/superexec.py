@@ -263,7 +263,7 @@ CHILD_EXIT_TIMEOUT_S = 120.0
 def _time_to_report_the_end() -> None:
     """Flower's ``flwr_exit`` kills the process ``FORCE_EXIT_TIMEOUT_SECONDS`` (5 s) after
     it starts the exit handlers, and the handler that tells the SuperNode the task ended
-    also sends the ClientApp's whole context: with ``client-state="memory"`` that is the
+    also sends the ClientApp's whole context: with ``client-state="context"`` that is the
     client's state (177 MiB for FedSage+ while it trains its generator: the generator and
     two Adam optimizers). Serializing and sending it took more than 5 s on a loaded
     host, so the process died first: the reply had been delivered, but the task stayed
