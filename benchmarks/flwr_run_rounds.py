@@ -1,0 +1,104 @@
+"""Seconds per round as a user sees them: ``flwr run . --stream``, 60 rounds minus 10, over 50.
+
+    python benchmarks/flwr_run_rounds.py --data-root DIR [--pairs 2] [--short 10] [--long 60]
+        [--set KEY=VALUE ...]
+
+README's set-up (a local SuperLink with ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``,
+10 simulated SuperNodes, one CPU each) in a private ``FLWR_HOME``. A first 2-round run
+starts the SuperLink and is not counted; then short and long runs alternate, ``--pairs``
+times. The difference of their wall times, divided by the difference of their rounds, is
+what each round costs end to end: the round itself plus whatever happens between rounds
+(checkpoint, ``progress.json``, logging, the SuperLink's bookkeeping), which the round
+timer of ``results.json`` (also printed) leaves out. Prints a table and one JSON line.
+Stops only the SuperLink it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def flwr_run(rounds: int, name: str, args: argparse.Namespace, env: dict[str, str],
+             out: Path) -> dict:
+    run_config = " ".join([f"rounds={rounds}", f"data-root='{args.data_root}'",
+                           f"output-dir='{out}'", f"run-name='{name}'", *args.set])
+    t0 = time.perf_counter()
+    proc = subprocess.run(["flwr", "run", ".", "--stream", "--run-config", run_config],
+                          cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=args.timeout)
+    wall = time.perf_counter() - t0
+    results_file = out / name / "results.json"
+    if not results_file.exists():
+        raise SystemExit(f"{name}: no results.json (exit {proc.returncode}): "
+                         f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    rounds_done = json.loads(results_file.read_text())["rounds"]
+    timer = [r["times"]["round"] for r in rounds_done[1:]]
+    return {"rounds": rounds, "wall_s": wall, "round_timer_median_s": statistics.median(timer),
+            "round_timer_sum_s": sum(r["times"]["round"] for r in rounds_done)}
+
+
+def stop_superlink(home: str) -> None:
+    """Stop the local SuperLink this script started (found by its FLWR_HOME), nothing else."""
+    for pid in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if pid.isdigit() and f"FLWR_HOME={home}".encode() in environ.split(b"\0"):
+            try:
+                os.kill(int(pid), 15)
+            except ProcessLookupError:
+                pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--short", type=int, default=10)
+    parser.add_argument("--long", type=int, default=60)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more run-config overrides, TOML values (algorithm='fedavg')")
+    args = parser.parse_args(argv)
+    if args.long <= args.short:
+        parser.error("--long must be larger than --short")
+    home = tempfile.mkdtemp(prefix="flwr-home-")
+    out = Path(tempfile.mkdtemp(prefix="flwr-run-rounds-"))
+    env = dict(os.environ, FLWR_HOME=home, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    try:
+        subprocess.run(["flwr", "federation", "simulation-config", "@none/default", "local",
+                        "--num-supernodes", "10", "--client-resources-num-cpus", "1"],
+                       cwd=ROOT, env=env, check=True, capture_output=True)
+        flwr_run(2, "warm-up", args, env, out)  # starts the local SuperLink; not counted
+        rows = []
+        for i in range(args.pairs):
+            for rounds in (args.short, args.long):
+                rows.append(flwr_run(rounds, f"r{rounds}-{i}", args, env, out))
+                print(f"{rounds:3d} rounds: {rows[-1]['wall_s']:7.1f} s wall, round timer "
+                      f"median {rows[-1]['round_timer_median_s']:.3f} s", flush=True)
+    finally:
+        stop_superlink(home)
+    short = statistics.mean(r["wall_s"] for r in rows if r["rounds"] == args.short)
+    long = statistics.mean(r["wall_s"] for r in rows if r["rounds"] == args.long)
+    per_round = (long - short) / (args.long - args.short)
+    pairs = [(b["wall_s"] - a["wall_s"]) / (args.long - args.short)
+             for a, b in zip(rows[::2], rows[1::2], strict=True)]
+    print(f"end to end: ({long:.1f} - {short:.1f}) / {args.long - args.short} = "
+          f"{per_round:.3f} s per round (pairs: {', '.join(f'{p:.3f}' for p in pairs)})")
+    print(json.dumps({"benchmark": "flwr_run_rounds", "per_round_s": per_round,
+                      "pairs_s": pairs, "set": args.set, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
