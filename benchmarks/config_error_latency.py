@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flwr_run_rounds import stop_superlink  # this folder is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (
     "fedaux-sigma=-1",
@@ -77,17 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['command']:13} {r['run_config']:50} {seen:>10} {r['exit_s']:6.1f}s "
               f"{r['exit_status']!s:>6}  {r['error_line'][:90]}")
     print(json.dumps({"benchmark": "config_error_latency", "rows": rows}))
-    # Stop the local SuperLink this script started (found by its FLWR_HOME), nothing else.
-    for pid in os.listdir("/proc"):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if pid.isdigit() and f"FLWR_HOME={home}".encode() in environ.split(b"\0"):
-            try:
-                os.kill(int(pid), 15)
-            except ProcessLookupError:
-                pass
+    stop_superlink(home)
     return 0
 
 

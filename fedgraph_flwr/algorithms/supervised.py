@@ -35,7 +35,7 @@ _ROUND_KEYS = frozenset({"server-round"})
 
 
 @functools.lru_cache(maxsize=16)
-def _meta_model(cls: type, num_features: int, num_classes: int,
+def _cached_meta_model(cls: type, num_features: int, num_classes: int,
                 config_items: tuple[tuple[str, Any], ...]) -> nn.Module:
     """``cls.build_model`` on the meta device (shapes only, no storage), built once per
     process and shape: a ClientApp restores its trainer every round, and building the
@@ -121,7 +121,7 @@ class SupervisedTrainer(ClientTrainer):
     def _meta_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
         items = tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
         try:
-            return _meta_model(cls, num_features, num_classes, items)
+            return _cached_meta_model(cls, num_features, num_classes, items)
         except TypeError:  # an unhashable config value: no cache
             with torch.device("meta"):
                 return cls.build_model(num_features, num_classes, config)
