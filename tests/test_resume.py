@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedgraph_flwr.config import ConfigError
@@ -194,3 +195,28 @@ def test_supernodes_sharing_a_host_keep_their_state_in_distinct_folders(tmp_path
     assert sorted(p.name for p in b.iterdir()) == ["client_1.tok.r000002.pt", "client_1.tok.r000003.pt"]
     assert rt.load_state_file(cfg, 0, 4) == b"a3" and rt.load_state_file(cfg, 1, 4) == b"b3"
     assert (a.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_checkpoint_written_in_the_background_is_whole_when_read(tmp_path):
+    from fedgraph_flwr.engine.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(tmp_path)
+    config = {"algorithm": "fedavg", "seed": 0}
+    for rnd in (1, 2, 3):
+        ckpt.save(config, {"round": rnd, "payloads": {0: {"w": np.full(4096, float(rnd))}},
+                           "diagnostics": {}},
+                  background=True)
+    state = ckpt.load(config)  # joins the last write first
+    assert state["round"] == 3 and np.all(state["payloads"][0]["w"] == 3.0)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temp files left
+
+
+def test_a_background_checkpoint_that_cannot_be_written_fails_at_the_next_wait(tmp_path):
+    from fedgraph_flwr.engine.checkpoint import Checkpointer
+
+    (tmp_path / "out").write_text("a file where the run's folder should be")
+    ckpt = Checkpointer(tmp_path / "out")
+    ckpt.save({}, {"round": 1}, background=True)  # returns at once
+    with pytest.raises(OSError):
+        ckpt.wait()
+    ckpt.wait()  # reported once

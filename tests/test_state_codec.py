@@ -132,3 +132,62 @@ def test_numpy_is_stored_as_tensors_and_other_objects_are_refused_when_encoding(
     assert out["s"] == 0.5 and type(out["s"]) is float
     with pytest.raises(TypeError, match="cannot store a BytesIO"):
         state_codec.encode({"f": io.BytesIO()})
+
+
+def test_a_spare_model_passes_between_clients_without_changing_a_bit():
+    """A released trainer's model serves the next restored trainer in the process (the
+    spare-model pool): two clients of different graphs taking turns train exactly as
+    trainers built in full, so no graph cache or gradient crosses between them."""
+    from fedgraph_flwr.algorithms import supervised
+
+    config = resolve_config({}, {"hidden": 16, "verbose": False})
+    device = torch.device("cpu")
+    clients = [_client(), _client(n=45)]
+    clients[1].x = clients[1].x.flip(0).contiguous()
+    trainer_cls = get_algorithm("fedaux").trainer
+    payload = trainer_cls.initial_arrays(12, 3, config)
+    supervised._SPARE_MODELS.clear()
+    outs = [rt.phase_round(d, 3, config, TRAIN_PHASE, payload, None, 1, i, device)
+            for i, d in enumerate(clients)]
+    assert not supervised._SPARE_MODELS  # built in full: nothing to hand on
+    for rnd in (2, 3):
+        for i, data in enumerate(clients):
+            reused = len(supervised._SPARE_MODELS) == 1
+            out = rt.phase_round(data, 3, config, TRAIN_PHASE, outs[i].upload, outs[i].state,
+                                 rnd, i, device)
+            assert reused == ((rnd, i) != (2, 0))  # the first restore allocates, then reuses
+            assert len(supervised._SPARE_MODELS) == 1  # given back
+            full = trainer_cls(data, config, 3, device)
+            full.load_local_state(rt.state_from_bytes(outs[i].state, device))
+            reference = rt.run_round(full, config, outs[i].upload, rnd, i)
+            assert all(out.metrics[k] == reference.metrics[k] for k in reference.metrics
+                       if not k.startswith("time"))
+            assert all(np.array_equal(out.upload[k], reference.upload[k]) for k in out.upload)
+            outs[i] = out
+
+
+@pytest.mark.parametrize("name", ["fedaux", "fedgnn", "fedgta", "fedstar", "fedlit"])
+def test_a_released_model_looks_like_a_fresh_one_apart_from_its_values(name):
+    """What ``release`` hands on carries nothing of its last client but parameter and
+    buffer values (which the next state overwrites): every other attribute of every
+    module is as in a model just built."""
+    from fedgraph_flwr.algorithms import supervised
+
+    config = resolve_config({}, {"algorithm": name, "hidden": 16, "verbose": False})
+    trainer_cls = get_algorithm(name).trainer
+    assert trainer_cls.restore_without_init
+    data, device = _client(), torch.device("cpu")
+    supervised._SPARE_MODELS.clear()
+    payload = trainer_cls.initial_arrays(data.num_features, 3, config)
+    first = rt.phase_round(data, 3, config, TRAIN_PHASE, payload, None, 1, 0, device)
+    rt.phase_round(data, 3, config, TRAIN_PHASE, first.upload, first.state, 2, 0, device)
+    (spare,) = supervised._SPARE_MODELS.values()
+    fresh = trainer_cls(data, config, 3, device).model
+    tensors = ("_parameters", "_buffers", "_modules")
+    for (path, used), (_, new) in zip(spare.named_modules(), fresh.named_modules()):
+        plain = {k: v for k, v in vars(used).items() if k not in tensors}
+        assert plain.keys() == {k for k in vars(new) if k not in tensors}, path
+        for key, value in plain.items():
+            if isinstance(value, (bool, int, float, str, tuple, type(None))):
+                assert value == vars(new)[key], f"{path}.{key}"
+    assert all(p.grad is None for p in spare.parameters())

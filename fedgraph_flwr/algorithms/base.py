@@ -197,6 +197,11 @@ class ClientTrainer(ABC):
     def load_local_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`local_state` returned in the previous round."""
 
+    def release(self) -> None:
+        """Called once the caller is done with this trainer (its state saved): what it
+        held may serve the next trainer restored in this process."""
+        return None  # nothing to hand on by default
+
 
 class Aggregator(ABC):
     """Server side of an algorithm: turns client updates into personalized payloads.

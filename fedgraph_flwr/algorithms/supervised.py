@@ -44,6 +44,16 @@ def _cached_meta_model(cls: type, num_features: int, num_classes: int,
         return cls.build_model(num_features, num_classes, dict(config_items))
 
 
+#: Models of released trainers (``restore_without_init``), by meta-model key and device:
+#: the next restored trainer of that shape takes one instead of allocating and copying
+#: (its saved state overwrites every parameter and buffer, as after ``to_empty``).
+_SPARE_MODELS: dict[tuple[Any, ...], nn.Module] = {}
+
+#: Per-graph caches some layers fill on their first forward (PyG's ``cached=True``):
+#: cleared on release, so a spare model never carries another client's graph.
+_GRAPH_CACHES = ("_cached_edge_index", "_cached_adj_t")
+
+
 @contextlib.contextmanager
 def state_follows() -> Iterator[None]:
     """Within: trainers with ``restore_without_init`` skip their model's initialisation."""
@@ -106,12 +116,17 @@ class SupervisedTrainer(ClientTrainer):
         super().__init__(data, config, num_classes, device)
         # Same seed everywhere: every client (and the server) builds the same initial model.
         torch.manual_seed(int(config["seed"]))
+        self._spare_key: tuple[Any, ...] | None = None
         if self.restore_without_init and _STATE_FOLLOWS.get():
-            model = copy.deepcopy(self._meta_model(data.num_features, num_classes, config))
-            if any(m._non_persistent_buffers_set for m in model.modules()):  # not in any state
-                raise RuntimeError(f"{type(self).__name__}: restore_without_init with "
-                                   f"non-persistent buffers")
-            self.model = model.to_empty(device=device)
+            self._spare_key = self._model_key(data.num_features, num_classes, config, device)
+            model = _SPARE_MODELS.pop(self._spare_key, None) if self._spare_key else None
+            if model is None:
+                model = copy.deepcopy(self._meta_model(data.num_features, num_classes, config))
+                if any(m._non_persistent_buffers_set for m in model.modules()):  # in no state
+                    raise RuntimeError(f"{type(self).__name__}: restore_without_init with "
+                                       f"non-persistent buffers")
+                model = model.to_empty(device=device)
+            self.model = model
         else:
             self.model = self.build_model(data.num_features, num_classes, config).to(device)
         self.optimizer = self.build_optimizer()
@@ -125,6 +140,34 @@ class SupervisedTrainer(ClientTrainer):
         except TypeError:  # an unhashable config value: no cache
             with torch.device("meta"):
                 return cls.build_model(num_features, num_classes, config)
+
+    @classmethod
+    def _model_key(cls, num_features: int, num_classes: int, config: Config,
+                   device: torch.device) -> tuple[Any, ...] | None:
+        """What decides the model's shape, hashable; None when a config value is not."""
+        key = (cls, num_features, num_classes, str(device),
+               tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS)))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def release(self) -> None:
+        """Keep the model for the next trainer of its shape restored in this process,
+        as that trainer would get it from ``to_empty``: no gradients, no graph caches,
+        training mode (its state then overwrites every parameter and buffer)."""
+        if self._spare_key is None:
+            return
+        model, self.model, key, self._spare_key = self.model, None, self._spare_key, None
+        model.train()
+        for param in model.parameters():
+            param.grad = None
+        for module in model.modules():
+            for cache in _GRAPH_CACHES:
+                if getattr(module, cache, None) is not None:
+                    setattr(module, cache, None)
+        _SPARE_MODELS[key] = model
 
     # --- what subclasses specialise -------------------------------------------------
     @classmethod

@@ -4,6 +4,7 @@ written atomically after every round, and read back by ``resume=true``."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,42 @@ class Checkpointer:
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / "checkpoint.pt"
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
 
-    def save(self, config: Config, state: dict[str, Any]) -> None:
-        state = {**state, "config_json": json.dumps(config, default=str)}
-        atomic_write(self.path, lambda fh: fh.write(state_codec.encode(state)))
+    def save(self, config: Config, state: dict[str, Any], *, background: bool = False) -> None:
+        """Encode ``state`` now (a snapshot: the caller may change it right after), then
+        write it, in a thread when ``background``: the next round's clients start while
+        the file is written. :meth:`wait` (and the next ``save``) joins that write."""
+        blob = state_codec.encode({**state, "config_json": json.dumps(config, default=str)})
+        self.wait()
+        if not background:
+            atomic_write(self.path, lambda fh: fh.write(blob))
+            return
+
+        def write() -> None:
+            try:
+                atomic_write(self.path, lambda fh: fh.write(blob))
+            except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the caller
+                self._write_error = exc
+
+        # Not a daemon: an interpreter that exits (a run that raised) still finishes it.
+        self._writer = threading.Thread(target=write, name="checkpoint-writer")
+        self._writer.start()
+
+    def wait(self) -> None:
+        """Until the last ``save`` is on disk; re-raises its error (a full disk)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._write_error is not None:
+            error, self._write_error = self._write_error, None
+            raise error
 
     def load(self, config: Config) -> dict[str, Any]:
         """The saved state; a one-line ConfigError if it is missing, unreadable or of
         another run (a key outside :data:`RESUMABLE_CHANGES` differs)."""
+        self.wait()
         if not self.path.is_file():
             raise ConfigError(f"resume=true but there is no checkpoint at {self.path}")
         try:

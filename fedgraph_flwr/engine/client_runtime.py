@@ -416,6 +416,11 @@ def phase_round(
     out = run_phase(trainer, config, phase, arrays, server_round, partition_id)
     t1 = time.perf_counter()
     out.state = state_to_bytes(trainer.local_state())
+    # The upload and signature may share memory with the model (``Tensor.numpy``), which
+    # ``release`` hands to the next trainer restored in this process: the reply copies.
+    out.upload = {k: v.copy() for k, v in out.upload.items()}
+    out.signature = {k: v.copy() for k, v in out.signature.items()}
+    trainer.release()
     out.timings["time-setup"] = out.timings.get("time-setup", 0.0) + restore
     out.timings["time-pack"] = out.timings.get("time-pack", 0.0) + time.perf_counter() - t1
     return out

@@ -59,11 +59,16 @@ class RoundDriver:
         first = fed.first_round()
         if first == 1:
             self.precompute(fed)
-        for server_round in range(first, int(self.config["rounds"]) + 1):
-            self.run_round(fed, server_round)
-            if self.write:
-                fed.save_checkpoint()
-                fed.write_progress()  # what `watch` and dashboards read during the run
+        try:
+            for server_round in range(first, int(self.config["rounds"]) + 1):
+                self.run_round(fed, server_round)
+                if self.write:
+                    # Written while the next round's clients train; joined before the
+                    # next save, the results, and on the way out of a failed run.
+                    fed.save_checkpoint(background=True)
+                    fed.write_progress()  # what `watch` and dashboards read during the run
+        finally:
+            fed.checkpointer.wait()
         if self.write:
             out = fed.write_results()
             from ..summary import format_summary

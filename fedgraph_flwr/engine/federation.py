@@ -262,7 +262,9 @@ class Federation:
         return out
 
     def write_results(self) -> Path:
-        """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``."""
+        """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``
+        (after the last checkpoint is on disk)."""
+        self.checkpointer.wait()
         return self.recorder.write(self.results(), self.out_dir)
 
     def progress(self) -> dict[str, Any]:
@@ -304,8 +306,9 @@ class Federation:
     def checkpoint_path(self) -> Path:
         return self.checkpointer.path
 
-    def save_checkpoint(self) -> None:
-        """Everything needed to continue after the last completed round (atomic)."""
+    def save_checkpoint(self, *, background: bool = False) -> None:
+        """Everything needed to continue after the last completed round (atomic; written
+        in a thread when ``background``, see :meth:`Checkpointer.save`)."""
         self.checkpointer.save(self.config, {
             "round": self.rounds[-1].round if self.rounds else 0,
             "state_token": self.state_token,
@@ -316,7 +319,7 @@ class Federation:
             "signature_schema": {k: list(v) for k, v in self.signature_schema.items()},
             "precompute_json": json.dumps(self.precompute, default=float),
             "elapsed": self.wall_time(),
-        })
+        }, background=background)
 
     def load_checkpoint(self) -> int:
         """Restore a checkpoint; return the last completed round (0 if none)."""
