@@ -34,6 +34,12 @@ _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 _ROUND_KEYS = frozenset({"server-round"})
 
 
+def _shape_items(config: Config) -> tuple[tuple[str, Any], ...]:
+    """The config as sorted items, less the keys that change every round: what may shape
+    a model (a cache key; unhashable if a value is)."""
+    return tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_meta_model(cls: type, num_features: int, num_classes: int,
                 config_items: tuple[tuple[str, Any], ...]) -> nn.Module:
@@ -134,9 +140,8 @@ class SupervisedTrainer(ClientTrainer):
 
     @classmethod
     def _meta_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        items = tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
         try:
-            return _cached_meta_model(cls, num_features, num_classes, items)
+            return _cached_meta_model(cls, num_features, num_classes, _shape_items(config))
         except TypeError:  # an unhashable config value: no cache
             with torch.device("meta"):
                 return cls.build_model(num_features, num_classes, config)
@@ -145,8 +150,7 @@ class SupervisedTrainer(ClientTrainer):
     def _model_key(cls, num_features: int, num_classes: int, config: Config,
                    device: torch.device) -> tuple[Any, ...] | None:
         """What decides the model's shape, hashable; None when a config value is not."""
-        key = (cls, num_features, num_classes, str(device),
-               tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS)))
+        key = (cls, num_features, num_classes, str(device), _shape_items(config))
         try:
             hash(key)
         except TypeError:
