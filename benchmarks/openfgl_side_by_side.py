@@ -1,0 +1,188 @@
+"""OpenFGL and fedgraph-flwr on identical client files: run OpenFGL, then tabulate both.
+
+``run`` drives an unmodified ``openfgl-lib`` (1.1.0) through its public trainer on CPU, one
+thread, and records each round's per-client validation and test accuracy and wall time. Run
+it in a virtual environment of its own (OpenFGL pins nothing and imports much); see
+docs/results/baselines.md, "Side by side with OpenFGL", for the set-up:
+
+    python benchmarks/openfgl_side_by_side.py run fedgta 0 runs/fedgta-0.json \\
+        --root <openfgl-root> --dataset Cora --simulation subgraph_fl_metis --clients 10
+
+``compare`` reads those JSON files and this project's ``results.json`` of the same methods
+(``fedgraph-experiments run configs/paper/openfgl-side-by-side-cora-10.yaml``) and scores both
+by the same three rules, from the per-client curves:
+
+- ``openfgl``: OpenFGL's own rule: per round, the clients' accuracies averaged with weights
+  = their node counts; the test figure at the first round whose weighted validation mean is
+  highest;
+- ``mean_val``: the same with unweighted means (this project's ``test_at_best_val``);
+- ``per_client``: each client's test at its own best-validation round, averaged (FedIIH's).
+
+    python benchmarks/openfgl_side_by_side.py compare --openfgl runs \\
+        --ours outputs/experiments/openfgl-side-by-side-cora-10
+
+Seconds per round: OpenFGL's is the wall time from the server's broadcast to the end of the
+round's evaluation; ours is ``rounds[*].times.round`` (in-process engine). Medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+#: OpenFGL's algorithm name -> this project's.
+ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar"}
+
+
+def run_openfgl(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="openfgl_side_by_side.py run")
+    parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
+    parser.add_argument("seed", type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--root", required=True, help="OpenFGL's data root (global/ and distrib/)")
+    parser.add_argument("--dataset", default="Cora")
+    parser.add_argument("--simulation", default="subgraph_fl_metis")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--model", default="gcn", help="OpenFGL's backbone for algorithms that use one")
+    args = parser.parse_args(argv)
+    sys.argv = sys.argv[:1]  # openfgl.config parses the command line when imported
+
+    import torch
+    from openfgl.config import args as fgl
+    from openfgl.flcore.trainer import FGLTrainer
+    from openfgl.utils.basic_utils import seed_everything
+
+    torch.set_num_threads(1)
+    fgl.root, fgl.dataset, fgl.scenario = args.root, [args.dataset], "subgraph_fl"
+    fgl.simulation_mode, fgl.num_clients, fgl.num_rounds = args.simulation, args.clients, args.rounds
+    fgl.fl_algorithm, fgl.model, fgl.metrics = args.algorithm, [args.model], ["accuracy"]
+    fgl.use_cuda, fgl.seed = False, args.seed
+    seed_everything(args.seed)
+    trainer = FGLTrainer(fgl)
+
+    # Observe, never change: wrap the broadcast (round start), each client's evaluation and
+    # the trainer's evaluation (round end).
+    per_round: list[list[tuple[float, float, int]]] = []
+    round_s: list[float] = []
+    started = [0.0]
+    broadcast, evaluate = trainer.server.send_message, trainer.evaluate
+
+    def timed_broadcast():
+        started[0] = time.perf_counter()
+        return broadcast()
+
+    def recorded_evaluate():
+        per_round.append([])
+        evaluate()
+        round_s.append(time.perf_counter() - started[0])
+
+    def recording(task, client_evaluate):
+        def wrapped(*a, **k):
+            result = client_evaluate(*a, **k)
+            if not a and not k:  # the trainer's "local model on local data" call
+                per_round[-1].append((float(result["accuracy_val"]), float(result["accuracy_test"]),
+                                      int(task.num_samples)))
+            return result
+        return wrapped
+
+    trainer.server.send_message, trainer.evaluate = timed_broadcast, recorded_evaluate
+    for client in trainer.clients:
+        client.task.evaluate = recording(client.task, client.task.evaluate)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "library": "openfgl", "algorithm": args.algorithm, "seed": args.seed, "rounds": args.rounds,
+        "dataset": args.dataset, "simulation": args.simulation, "clients": args.clients,
+        "wall_s": wall, "round_s": round_s, "per_round": per_round,
+        "openfgl_best": {k: float(v) for k, v in trainer.evaluation_result.items()}}))
+    print(f"{args.algorithm} seed {args.seed}: OpenFGL's best test {trainer.evaluation_result}, "
+          f"{wall:.1f} s")
+    return 0
+
+
+def scores(per_round: list[list[tuple[float, float, int]]]) -> dict[str, float]:
+    """The three rules on per-round lists of (val, test, nodes) per client, in percent."""
+    def best_by(weighted: bool) -> float:
+        best_val, best_test = -1.0, 0.0
+        for clients in per_round:
+            w = [n if weighted else 1 for _, _, n in clients]
+            val = sum(v * wi for (v, _, _), wi in zip(clients, w)) / sum(w)
+            if val > best_val:  # strict: the first best round, as OpenFGL's trainer
+                best_val = val
+                best_test = sum(t * wi for (_, t, _), wi in zip(clients, w)) / sum(w)
+        return 100 * best_test
+
+    num_clients = len(per_round[0])
+    per_client = []
+    for c in range(num_clients):
+        curve = [r[c] for r in per_round]
+        best = max(range(len(curve)), key=lambda i: (curve[i][0], -i))
+        per_client.append(curve[best][1])
+    return {"openfgl": best_by(True), "mean_val": best_by(False),
+            "per_client": 100 * sum(per_client) / num_clients}
+
+
+def ours_per_round(results: dict) -> list[list[tuple[float, float, int]]]:
+    nodes = {cid: int(info["num-nodes"]) for cid, info in results["clients"].items()}
+    order = sorted(nodes, key=int)
+    out = []
+    for rnd in results["rounds"]:
+        clients = rnd.get("clients") or {}
+        if any(cid not in clients or "val_metric" not in clients[cid] for cid in order):
+            continue  # a round without every client's evaluation (AdaFGL's scoring round)
+        out.append([(clients[cid]["val_metric"], clients[cid]["test_metric"], nodes[cid])
+                    for cid in order])
+    return out
+
+
+def compare(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="openfgl_side_by_side.py compare")
+    parser.add_argument("--openfgl", type=Path, required=True, help="folder of `run` JSON files")
+    parser.add_argument("--ours", type=Path, required=True, nargs="+", help="the grids' output folders")
+    args = parser.parse_args(argv)
+    rows: dict[tuple[str, int, str], list[dict[str, float]]] = {}
+    for path in sorted(args.openfgl.glob("*.json")):
+        run = json.loads(path.read_text())
+        row = scores(run["per_round"])
+        row["s_per_round"] = statistics.median(run["round_s"])
+        rows.setdefault((ALGORITHMS[run["algorithm"]], int(run.get("clients", 10)), "OpenFGL"),
+                        []).append(row)
+    for path in sorted(p for folder in args.ours for p in folder.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        row = scores(ours_per_round(results))
+        row["s_per_round"] = statistics.median(r["times"]["round"] for r in results["rounds"])
+        config = results["config"]
+        rows.setdefault((config["algorithm"], int(config["num-clients"]), "fedgraph-flwr"),
+                        []).append(row)
+
+    def cell(values: list[float]) -> str:
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+    print("| method | clients | library | seeds | OpenFGL's rule (%) | test @ best mean val (%) "
+          "| per-client best-val test (%) | s/round (median) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (method, clients, library), runs in sorted(rows.items()):
+        print(f"| {method} | {clients} | {library} | {len(runs)} | {cell([r['openfgl'] for r in runs])} "
+              f"| {cell([r['mean_val'] for r in runs])} | {cell([r['per_client'] for r in runs])} "
+              f"| {statistics.median(r['s_per_round'] for r in runs):.3f} |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("run", "compare"):
+        print(__doc__.splitlines()[0] + "\nusage: openfgl_side_by_side.py {run,compare} ...")
+        return 2
+    return run_openfgl(argv[1:]) if argv[0] == "run" else compare(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
