@@ -1,0 +1,81 @@
+"""benchmarks/openfgl_export.py and openfgl_side_by_side.py's scoring, on hand-made inputs
+laid out as OpenFGL 1.1.0 caches a split (OpenFGL itself is not a dependency)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from fedgraph_flwr.data.files import load_partition_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _openfgl_split(folder: Path) -> list[Data]:
+    """Two clients as OpenFGL writes them: one direction of each edge, a self-loop, y as a
+    column, global_map a dict, masks in node_cls/default_split."""
+    masks = folder / "node_cls" / "default_split"
+    masks.mkdir(parents=True)
+    clients = [
+        Data(x=torch.eye(4, 3, dtype=torch.float64), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 3]]),
+             y=torch.tensor([[0], [1], [2], [1]]), global_map={0: 7, 1: 2, 2: 9, 3: 4}),
+        Data(x=torch.ones(3, 3), edge_index=torch.tensor([[0, 2], [1, 1]]),
+             y=torch.tensor([[4], [0], [4]]), global_map={0: 0, 1: 1, 2: 3}),
+    ]
+    for i, c in enumerate(clients):
+        torch.save(c, folder / f"data_{i}.pt")
+        n = c.num_nodes
+        torch.save(torch.arange(n) == 0, masks / f"train_{i}.pt")
+        torch.save(torch.arange(n) == 1, masks / f"val_{i}.pt")
+        torch.save(torch.arange(n) >= 2, masks / f"test_{i}.pt")
+    return clients
+
+
+def test_an_openfgl_split_exports_to_client_files_as_openfgl_loads_it(tmp_path):
+    export = _module("openfgl_export")
+    _openfgl_split(tmp_path / "split")
+    assert export.main([str(tmp_path / "split"), "--out", str(tmp_path / "files")]) == 0
+    back = load_partition_dir(tmp_path / "files", 2)
+    first = back[0]
+    # undirected, no self-loop: 0-1, 1-2, 2-3 in both directions (OpenFGL's get_client_data)
+    pairs = {tuple(e) for e in first.edge_index.t().tolist()}
+    assert pairs == {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
+    assert first.x.dtype == torch.float32 and first.y.tolist() == [0, 1, 2, 1]
+    assert first.test_mask.tolist() == [False, False, True, True]
+    assert back[1].num_classes_total == 5  # the largest label over all clients, + 1
+    assert first.global_id.tolist() == [7, 2, 9, 4]
+
+
+def test_a_split_without_its_masks_is_refused_in_one_line(tmp_path):
+    export = _module("openfgl_export")
+    _openfgl_split(tmp_path / "split")
+    (tmp_path / "split" / "node_cls" / "default_split" / "val_1.pt").unlink()
+    with pytest.raises(SystemExit, match="val_1.pt: missing"):
+        export.main([str(tmp_path / "split"), "--out", str(tmp_path / "files")])
+
+
+def test_the_three_scoring_rules_on_a_known_curve():
+    side = _module("openfgl_side_by_side")
+    # two rounds, two clients: (val, test, nodes)
+    per_round = [[(0.5, 0.4, 100), (0.9, 0.8, 300)],
+                 [(0.8, 0.6, 100), (0.7, 0.7, 300)]]
+    got = side.scores(per_round)
+    # weighted val: round 1 0.8, round 2 0.725 -> round 1, weighted test 0.7
+    assert got["openfgl"] == pytest.approx(70.0)
+    # unweighted val: 0.70 vs 0.75 -> round 2, test 0.65
+    assert got["mean_val"] == pytest.approx(65.0)
+    # per client: client 0 best at round 2 (0.6), client 1 at round 1 (0.8)
+    assert got["per_client"] == pytest.approx(70.0)
