@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -135,8 +136,9 @@ def ours_per_round(results: dict) -> list[list[tuple[float, float, int]]]:
     out = []
     for rnd in results["rounds"]:
         clients = rnd.get("clients") or {}
-        if any(cid not in clients or "val_metric" not in clients[cid] for cid in order):
-            continue  # a round without every client's evaluation (AdaFGL's scoring round)
+        if any(cid not in clients or not math.isfinite(clients[cid].get("val_metric", math.nan))
+               for cid in order):
+            continue  # a round without every client's evaluation (AdaFGL's step-2 set-up)
         out.append([(clients[cid]["val_metric"], clients[cid]["test_metric"], nodes[cid])
                     for cid in order])
     return out
@@ -163,6 +165,7 @@ def compare(argv: list[str]) -> int:
                         []).append(row)
 
     def cell(values: list[float]) -> str:
+        values = [float(v) for v in values]
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{statistics.mean(values):.2f} ± {sd:.2f}"
 
