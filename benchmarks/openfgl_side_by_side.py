@@ -38,6 +38,11 @@ import sys
 import time
 from pathlib import Path
 
+#: OpenFGL 1.1.0's AdaFGL config ``num_rounds_vanilla``: its step 1 (FedAvg of the extractor)
+#: is rounds 0..49, step 2 from 50. Its trainer scores every round, step 1 included; ours
+#: scores step 2 only, so ``compare`` also scores OpenFGL's step-2 rounds alone.
+OPENFGL_ADAFGL_STEP1 = 50
+
 #: OpenFGL's algorithm name -> this project's.
 ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar"}
 
@@ -158,8 +163,12 @@ def compare(argv: list[str]) -> int:
         row = scores(run["per_round"])
         row["s_per_round"] = statistics.median(run["round_s"])
         row["s_mean"] = run["wall_s"] / len(run["round_s"])
-        rows.setdefault((ALGORITHMS[run["algorithm"]], int(run.get("clients", 10)), "OpenFGL"),
-                        []).append(row)
+        clients = int(run.get("clients", 10))
+        rows.setdefault((ALGORITHMS[run["algorithm"]], clients, "OpenFGL"), []).append(row)
+        if run["algorithm"] == "adafgl":
+            step2 = scores(run["per_round"][OPENFGL_ADAFGL_STEP1:])
+            step2.update(s_per_round=row["s_per_round"], s_mean=row["s_mean"])
+            rows.setdefault(("adafgl", clients, "OpenFGL, step-2 rounds"), []).append(step2)
     for path in sorted(p for folder in args.ours for p in folder.glob("*/results.json")):
         results = json.loads(path.read_text())
         row = scores(ours_per_round(results))
