@@ -176,8 +176,10 @@ def compare(argv: list[str]) -> int:
         row["s_per_round"] = statistics.median(times)
         row["s_mean"] = results["wall_time_s"] / len(times)
         config = results["config"]
-        rows.setdefault((config["algorithm"], int(config["num-clients"]), "fedgraph-flwr"),
-                        []).append(row)
+        library = "fedgraph-flwr"
+        if config["algorithm"] == "adafgl" and config.get("adafgl-schedule") == "epoch-per-round":
+            library += ", OpenFGL's switches"  # the grid's second AdaFGL configuration
+        rows.setdefault((config["algorithm"], int(config["num-clients"]), library), []).append(row)
 
     def cell(values: list[float]) -> str:
         values = [float(v) for v in values]
