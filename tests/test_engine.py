@@ -70,6 +70,36 @@ def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_ro
     assert _same(round_metrics(live), round_metrics(restored))
 
 
+def test_a_client_whose_state_is_not_where_it_saved_it_fails_instead_of_training_on_less(
+        tmp_path, synthetic_root):
+    """client-state=file, and client 1's folder vanishes after round 2 (a client landing on
+    a machine without the shared folder sees the same): in round 3 it fails with a
+    one-line reason instead of silently starting over; the others train on."""
+    import shutil
+
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.client_runtime import state_dir
+    from fedgraph_flwr.engine.driver import RoundDriver
+    from fedgraph_flwr.engine.loop import InProcessTransport
+
+    cfg = resolve_config(None, {
+        "algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
+        "data-root": str(synthetic_root), "output-dir": str(tmp_path), "run-name": "moved",
+        "client-state": "file", "client-state-dir": str(tmp_path / "state"), "fail-fast": False})
+
+    class Moved(InProcessTransport):
+        def exchange(self, phase, requests, config, timeout, client_configs=None):
+            if int(config["server-round"]) == 3:
+                shutil.rmtree(state_dir(config, 1))
+            return super().exchange(phase, requests, config, timeout, client_configs)
+
+    fed = RoundDriver(cfg, Moved(), write=False).run()
+    assert not fed.rounds[1].failures
+    reason = fed.rounds[2].failures[1]
+    assert reason.startswith("StaleClientStateError: client 1: its state from round 2 is not in")
+    assert "\n" not in reason and sorted(fed.rounds[2].clients) == [0, 2]
+
+
 @pytest.mark.slow
 def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
     """FedIIH's routing sums over edges with scatter-add; with two CPU threads that sum

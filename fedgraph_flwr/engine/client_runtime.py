@@ -287,8 +287,25 @@ def state_from_bytes(blob: bytes | bytearray | memoryview, device: torch.device)
 # r+1 starts again from round r's state, and files of other runs in the same folder are
 # never read.
 STATE_TOKEN_KEY = "client-state-token"
+#: Per client, where the server knows this client's last state to be ("<round>:<place>",
+#: see :func:`state_position_tag`): a client whose newest state is older (another machine
+#: without the shared folder, a folder wiped mid-run) refuses to train on it.
+STATE_EXPECTED_KEY = "client-state-expected"
 _POSITION = re.compile(r"r(\d+)(?:p(\d+))?")
 TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
+
+
+class StaleClientStateError(RuntimeError):
+    """A client's newest state file is older than the server knows it saved."""
+
+
+def state_position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
+    """Where the state a client saves after ``phase`` of ``server_round`` sits in the run."""
+    return _position(config, server_round, phase)
+
+
+def state_position_tag(position: tuple[int, int]) -> str:
+    return f"{position[0]}:{position[1]}"
 
 
 def state_dir(config: Config, partition_id: int | None = None) -> Path:
@@ -343,6 +360,17 @@ def load_state_file(config: Config, partition_id: int, server_round: int,
     train phase when None), as a bytearray the trainer's tensors may keep."""
     here = _position(config, server_round, phase)
     older = [(pos, p) for p, (_, pos) in _state_files(config, partition_id).items() if pos < here]
+    expected = str(config.get(STATE_EXPECTED_KEY, "") or "")
+    if expected:
+        want = tuple(int(v) for v in expected.split(":"))
+        found = max(older)[0] if older else None
+        if found is None or found < want:
+            have = "none" if found is None else f"round {found[0]}'s"
+            raise StaleClientStateError(
+                f"client {partition_id}: its state from round {want[0]} is not in "
+                f"{state_dir(config, partition_id)} on this machine (newest: {have}); "
+                f"client-state=file needs a client-state-dir every node shares, or use "
+                f"client-state=context")
     if not older:
         return None
     with open(max(older)[1], "rb") as f:

@@ -89,7 +89,8 @@ class RoundDriver:
         if deadline is not None:
             timeout = max(0.0, deadline - time.monotonic())
         exchange = self.transport.exchange(phase, requests, fed.client_config(server_round),
-                                           timeout)
+                                           timeout, fed.client_configs(list(requests)))
+        fed.note_saved_states(phase, server_round, list(exchange.replies))
         for cid in clients:
             if cid not in exchange.replies and cid not in exchange.failures:
                 exchange.failures[cid] = "missing: no reply before round-timeout"

@@ -27,7 +27,7 @@ from ..config import client_config as client_view
 from ..config import default_run_name
 from . import protocols
 from .checkpoint import Checkpointer
-from .client_runtime import peak_rss_mib
+from .client_runtime import STATE_EXPECTED_KEY, peak_rss_mib, state_position, state_position_tag
 from .recorder import Recorder, RoundLog, atomic_write, nbytes
 from .roster import Roster
 
@@ -73,6 +73,9 @@ class Federation:
         self.elapsed_before_resume = 0.0
         # Names this run's client state files (client-state=file); kept across resume.
         self.state_token = uuid.uuid4().hex[:12]
+        # client-state=file: where each client's last state is, as far as the server
+        # knows (a reply came back); each client is told its own, to refuse an older one.
+        self.saved_state_at: dict[int, tuple[int, int]] = {}
         self.out_dir = Path(str(config["output-dir"])).expanduser() / self.config["run-name"]
         self.checkpointer = Checkpointer(self.out_dir)
 
@@ -96,6 +99,20 @@ class Federation:
                     "num-features-global": self.num_features,
                     "client-state-token": self.state_token})
         return cfg
+
+    def client_configs(self, clients: list[int]) -> dict[int, Config] | None:
+        """Each client's own config keys: under ``client-state=file``, where its last
+        state is (:data:`~.client_runtime.STATE_EXPECTED_KEY`)."""
+        if self.config["client-state"] != "file":
+            return None
+        return {c: {STATE_EXPECTED_KEY: state_position_tag(self.saved_state_at[c])}
+                for c in clients if c in self.saved_state_at}
+
+    def note_saved_states(self, phase: Phase, server_round: int, replied: list[int]) -> None:
+        """A client that replied to ``phase`` saved its state after it first."""
+        if self.config["client-state"] == "file":
+            here = state_position(self.config, server_round, phase)
+            self.saved_state_at.update({c: here for c in replied})
 
     def sample(self, server_round: int) -> list[int]:
         return self.roster.sample(server_round)
@@ -312,6 +329,7 @@ class Federation:
         self.checkpointer.save(self.config, {
             "round": self.rounds[-1].round if self.rounds else 0,
             "state_token": self.state_token,
+            "saved_state_at": {int(c): list(p) for c, p in self.saved_state_at.items()},
             "payloads": {int(c): p for c, p in self.payloads.items()},  # numpy: stored as tensors
             "aggregator": self.aggregator.state_dict(),
             "rounds_json": json.dumps([r.to_json() for r in self.rounds], default=float),
@@ -325,6 +343,8 @@ class Federation:
         """Restore a checkpoint; return the last completed round (0 if none)."""
         state = self.checkpointer.load(self.config)
         self.state_token = str(state.get("state_token", self.state_token))
+        self.saved_state_at = {int(c): (int(p[0]), int(p[1]))
+                               for c, p in state.get("saved_state_at", {}).items()}
         self.payloads = {int(c): p for c, p in state["payloads"].items()}
         self.aggregator.load_state_dict(state["aggregator"])
         self.recorder.rounds = [RoundLog.from_json(d) for d in json.loads(state["rounds_json"])]

@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms.base import Arrays, Config, Phase
@@ -260,10 +260,16 @@ class FlowerTransport(Transport):
 
     # --- one phase --------------------------------------------------------------------
     def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float) -> Exchange:
+                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
         record = to_config_record(config)
+        client_configs = client_configs or {}
+
+        def config_of(cid: int) -> ConfigRecord:
+            own = client_configs.get(cid)
+            return to_config_record({**config, **own}) if own else record
+
         group = f"{config['server-round']}" + ("" if phase.name == "train" else f".{phase.name}")
-        messages = [Message(RecordDict({"arrays": to_array_record(arrays), "config": record}),
+        messages = [Message(RecordDict({"arrays": to_array_record(arrays), "config": config_of(cid)}),
                             self.node_of[cid], phase.message_type, group_id=group)
                     for cid, arrays in requests.items()]
         replies, _ = self.push_and_pull(messages, timeout)

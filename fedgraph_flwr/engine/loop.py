@@ -42,28 +42,34 @@ class InProcessTransport(Transport):
         return roster
 
     def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float) -> Exchange:
+                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
         t0 = time.perf_counter()
         out = Exchange()
         server_round = int(config["server-round"])
         num_classes = int(config["num-classes-global"])
         for cid, arrays in requests.items():
+            own = (client_configs or {}).get(cid)
+            mine = {**config, **own} if own else config
             try:
-                rt.check_memory(config)
+                rt.check_memory(mine)
             except rt.MemoryGuardError as exc:
                 out.failures[cid] = f"{type(exc).__name__}: {exc}"
                 continue
-            if config["client-state"] == "file":
-                state = rt.load_state_file(config, cid, server_round, phase)
-                result = rt.phase_round(self.data[cid], num_classes, config, phase, arrays,
+            if mine["client-state"] == "file":
+                try:
+                    state = rt.load_state_file(mine, cid, server_round, phase)
+                except rt.StaleClientStateError as exc:  # a ClientApp's error reply, in Flower
+                    out.failures[cid] = f"{type(exc).__name__}: {exc}"
+                    continue
+                result = rt.phase_round(self.data[cid], num_classes, mine, phase, arrays,
                                         state, server_round, cid, self.device)
-                rt.save_state_file(config, cid, server_round, result.state, phase)
+                rt.save_state_file(mine, cid, server_round, result.state, phase)
                 extra = {"state-bytes": len(result.state)}
             else:
                 if cid not in self.trainers:
-                    self.trainers[cid] = rt.restore_trainer(self.data[cid], num_classes, config,
+                    self.trainers[cid] = rt.restore_trainer(self.data[cid], num_classes, mine,
                                                             None, self.device)
-                result = rt.run_phase(self.trainers[cid], config, phase, arrays, server_round, cid)
+                result = rt.run_phase(self.trainers[cid], mine, phase, arrays, server_round, cid)
                 extra = {}
             metrics = {**result.metrics, **result.timings, "partition-id": cid,
                        "mem-peak-rss-mib": rt.peak_rss_mib(), **extra}

@@ -44,7 +44,8 @@ class Transport(ABC):
 
     @abstractmethod
     def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float) -> Exchange:
-        """Send each client its arrays with ``config`` for ``phase``; collect replies
-        until all are in or ``timeout`` seconds, counted from the call (sending
-        included), pass (the rest fail as missing)."""
+                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
+        """Send each client its arrays with ``config`` for ``phase`` (with its own keys of
+        ``client_configs`` on top, where it has some); collect replies until all are in
+        or ``timeout`` seconds, counted from the call (sending included), pass (the rest
+        fail as missing)."""
