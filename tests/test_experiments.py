@@ -135,9 +135,12 @@ def test_shipped_grids_load_and_their_paper_keys_name_cells(path, monkeypatch):
     monkeypatch.chdir(path.parent.parent.parent)  # their config-file paths are from the repo root
     spec = yaml.safe_load(path.read_text())
     grid = spec.get("grid") or []
-    folders = [(spec.get("base") or {}).get("partition-dir")] + [
+    def listed(value):  # a grid value: one folder or a list of them
+        return [value] if isinstance(value, str) else list(value or [])
+
+    folders = listed((spec.get("base") or {}).get("partition-dir")) + [
         f for entry in (grid if isinstance(grid, list) else [grid])
-        for f in (entry.get("partition-dir") or [])]
+        for f in listed(entry.get("partition-dir"))]
     for folder in filter(None, folders):  # reference client files: ../shared, or built by hand
         if not Path(folder).is_dir():
             pytest.skip(f"{path.name}: its partition-dir {folder} is not here ({NO_DATASETS})")
