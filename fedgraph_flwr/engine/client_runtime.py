@@ -299,11 +299,6 @@ class StaleClientStateError(RuntimeError):
     """A client's newest state file is older than the server knows it saved."""
 
 
-def state_position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
-    """Where the state a client saves after ``phase`` of ``server_round`` sits in the run."""
-    return _position(config, server_round, phase)
-
-
 def state_position_tag(position: tuple[int, int]) -> str:
     return f"{position[0]}:{position[1]}"
 
@@ -322,8 +317,9 @@ def state_dir(config: Config, partition_id: int | None = None) -> Path:
     return folder if partition_id is None else folder / f"client_{int(partition_id)}"
 
 
-def _position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
-    """Where a phase's state sits in the run: (round, place in the round)."""
+def state_position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
+    """Where the state a client saves after ``phase`` of ``server_round`` sits in the run:
+    (round, place in the round)."""
     if phase is None or phase.name == TRAIN:
         return server_round, TRAIN_POSITION
     phases = [p.name for p in get_algorithm(str(config["algorithm"])).trainer.phases]
@@ -349,7 +345,7 @@ def _state_files(config: Config, partition_id: int, any_token: bool = False
 def state_file(config: Config, partition_id: int, server_round: int,
                phase: Phase | None = None) -> Path:
     token = str(config.get(STATE_TOKEN_KEY, "") or "run")
-    rnd, place = _position(config, server_round, phase)
+    rnd, place = state_position(config, server_round, phase)
     suffix = "" if place == TRAIN_POSITION else f"p{place}"
     return state_dir(config, partition_id) / f"client_{partition_id}.{token}.r{rnd:06d}{suffix}.pt"
 
@@ -358,7 +354,7 @@ def load_state_file(config: Config, partition_id: int, server_round: int,
                     phase: Phase | None = None) -> bytearray | None:
     """The client's state from the last phase it ran before this one (``phase``: the
     train phase when None), as a bytearray the trainer's tensors may keep."""
-    here = _position(config, server_round, phase)
+    here = state_position(config, server_round, phase)
     older = [(pos, p) for p, (_, pos) in _state_files(config, partition_id).items() if pos < here]
     expected = str(config.get(STATE_EXPECTED_KEY, "") or "")
     if expected:
@@ -384,7 +380,7 @@ def save_state_file(config: Config, partition_id: int, server_round: int, blob: 
                     phase: Phase | None = None) -> Path:
     """Write this phase's state atomically; keep only it and the newest older one."""
     path = state_file(config, partition_id, server_round, phase)
-    here = _position(config, server_round, phase)
+    here = state_position(config, server_round, phase)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
     tmp.write_bytes(blob)
