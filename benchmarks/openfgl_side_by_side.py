@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedgraph_flwr.engine.protocols import best_val_index
+
 #: OpenFGL 1.1.0's AdaFGL config ``num_rounds_vanilla``: its step 1 (FedAvg of the extractor)
 #: is rounds 0..49, step 2 from 50. Its trainer scores every round, step 1 included; ours
 #: scores step 2 only, so ``compare`` also scores OpenFGL's step-2 rounds alone.
@@ -117,25 +119,24 @@ def run_openfgl(argv: list[str]) -> int:
 
 
 def scores(per_round: list[list[tuple[float, float, int]]]) -> dict[str, float]:
-    """The three rules on per-round lists of (val, test, nodes) per client, in percent."""
-    def best_by(weighted: bool) -> float:
-        best_val, best_test = -1.0, 0.0
-        for clients in per_round:
+    """The three rules on per-round lists of (val, test, nodes) per client, in percent:
+    OpenFGL's (node-weighted mean val picks the round), ours (unweighted mean val) and
+    each client's own best-val round; rounds are picked by ``protocols.best_val_index``
+    (the earliest best, as OpenFGL's trainer, whose comparison is strict)."""
+    def at_best_round(weighted: bool) -> float:
+        def mean(clients: list[tuple[float, float, int]], which: int) -> float:
             w = [n if weighted else 1 for _, _, n in clients]
-            val = sum(v * wi for (v, _, _), wi in zip(clients, w)) / sum(w)
-            if val > best_val:  # strict: the first best round, as OpenFGL's trainer
-                best_val = val
-                best_test = sum(t * wi for (_, t, _), wi in zip(clients, w)) / sum(w)
-        return 100 * best_test
+            return sum(c[which] * wi for c, wi in zip(clients, w)) / sum(w)
 
-    num_clients = len(per_round[0])
+        best = per_round[best_val_index([mean(clients, 0) for clients in per_round])]
+        return 100 * mean(best, 1)
+
     per_client = []
-    for c in range(num_clients):
+    for c in range(len(per_round[0])):
         curve = [r[c] for r in per_round]
-        best = max(range(len(curve)), key=lambda i: (curve[i][0], -i))
-        per_client.append(curve[best][1])
-    return {"openfgl": best_by(True), "mean_val": best_by(False),
-            "per_client": 100 * sum(per_client) / num_clients}
+        per_client.append(curve[best_val_index([v for v, _, _ in curve])][1])
+    return {"openfgl": at_best_round(True), "mean_val": at_best_round(False),
+            "per_client": 100 * sum(per_client) / len(per_client)}
 
 
 def ours_per_round(results: dict) -> list[list[tuple[float, float, int]]]:

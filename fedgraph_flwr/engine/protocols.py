@@ -108,6 +108,13 @@ def pooled_at_best_val_loss(rounds: list[RoundLog], client_ids: list[int]) -> di
     }
 
 
+def best_val_index(vals: list[float]) -> int:
+    """The position of the highest validation value, the earliest on ties: every
+    protocol's best-round rule (also applied to other libraries' curves, e.g.
+    ``benchmarks/openfgl_side_by_side.py``)."""
+    return max(range(len(vals)), key=lambda i: (vals[i], -i))
+
+
 def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], config: Config,
                      num_classes: int) -> dict[str, Any]:
     """The papers' protocol: mean test at the best mean-val round, and per-client
@@ -116,14 +123,14 @@ def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], config: Conf
     scored = [r for r in rounds if not r.void and not math.isnan(held[r.round][0])]
     if not scored:
         return {"test_at_best_val": float("nan"), "best_round": None}
-    best = max(scored, key=lambda r: (held[r.round][0], -r.round))
+    best = scored[best_val_index([held[r.round][0] for r in scored])]
     per_client: dict[str, dict[str, float]] = {}
     for cid in client_ids:
-        seen = [(r.clients[cid][VAL], -r.round, r.clients[cid][TEST], r.round)
-                for r in rounds if cid in r.clients and not math.isnan(r.clients[cid][VAL])]
+        seen = [r for r in rounds if cid in r.clients and not math.isnan(r.clients[cid][VAL])]
         if seen:
-            val, _, test, rnd = max(seen, key=lambda t: (t[0], t[1]))
-            per_client[str(cid)] = {"best_round": rnd, "val": 100 * val, "test": 100 * test}
+            r = seen[best_val_index([r.clients[cid][VAL] for r in seen])]
+            per_client[str(cid)] = {"best_round": r.round, "val": 100 * r.clients[cid][VAL],
+                                    "test": 100 * r.clients[cid][TEST]}
     return {
         "metric": resolve_metric(config, num_classes),
         "test_at_best_val": 100 * held[best.round][1],
