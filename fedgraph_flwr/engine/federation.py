@@ -290,7 +290,8 @@ class Federation:
         last = self.rounds[-1] if self.rounds else None
         held = self.held_means()
         scored = [r for r in self.rounds if not r.void and not math.isnan(held[r.round][0])]
-        best = max(scored, key=lambda r: (held[r.round][0], -r.round)) if scored else None
+        best = (scored[protocols.best_val_index([held[r.round][0] for r in scored])]
+                if scored else None)
         elapsed = self.wall_time()
         done = len(self.rounds)
         total = int(self.config["rounds"])
