@@ -289,9 +289,7 @@ class Federation:
         every round): where it is, the last round's means and failures, the best so far."""
         last = self.rounds[-1] if self.rounds else None
         held = self.held_means()
-        scored = [r for r in self.rounds if not r.void and not math.isnan(held[r.round][0])]
-        best = (scored[protocols.best_val_index([held[r.round][0] for r in scored])]
-                if scored else None)
+        best = protocols.best_held_round(self.rounds, held)
         elapsed = self.wall_time()
         done = len(self.rounds)
         total = int(self.config["rounds"])

@@ -115,15 +115,21 @@ def best_val_index(vals: list[float]) -> int:
     return max(range(len(vals)), key=lambda i: (vals[i], -i))
 
 
+def best_held_round(rounds: list[RoundLog], held: dict[int, tuple[float, float]]
+                    ) -> RoundLog | None:
+    """The scored round (not void, every client held) of best mean validation metric."""
+    scored = [r for r in rounds if not r.void and not math.isnan(held[r.round][0])]
+    return scored[best_val_index([held[r.round][0] for r in scored])] if scored else None
+
+
 def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], config: Config,
                      num_classes: int) -> dict[str, Any]:
     """The papers' protocol: mean test at the best mean-val round, and per-client
     best-val test. "Mean" is over all clients' held models (:func:`held_means`)."""
     held = held_means(rounds, client_ids)
-    scored = [r for r in rounds if not r.void and not math.isnan(held[r.round][0])]
-    if not scored:
+    best = best_held_round(rounds, held)
+    if best is None:
         return {"test_at_best_val": float("nan"), "best_round": None}
-    best = scored[best_val_index([held[r.round][0] for r in scored])]
     per_client: dict[str, dict[str, float]] = {}
     for cid in client_ids:
         seen = [r for r in rounds if cid in r.clients and not math.isnan(r.clients[cid][VAL])]
