@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import remove_self_loops, to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
+from fedgraph_flwr.algorithms.base import TRAIN_PHASE, ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
 from fedgraph_flwr.algorithms.fedspray import (
     PROXIES_KEY,
@@ -28,6 +28,7 @@ from fedgraph_flwr.algorithms.fedspray import (
     kd_node_mask,
 )
 from fedgraph_flwr.algorithms.local import LocalAggregator, LocalTrainer
+from fedgraph_flwr.engine.client_runtime import phase_round, state_from_bytes
 
 CPU = torch.device("cpu")
 
@@ -331,6 +332,29 @@ def test_backbones_switches_and_zero_proxy_ablation():
     assert not zero.signature()["class_proxies"].any() and not zero.global_proxies.any()
     with pytest.raises(ValueError, match="fedspray-gnn"):
         FedSprayTrainer(data, config(**{"fedspray-gnn": "gat"}), 2, CPU)
+
+
+def test_per_client_init_draws_each_clients_own_gnn():
+    """The code's clients each get their own GNN draw; ours share ``seed``'s unless asked."""
+    data = federation(1, num_nodes=120)[0]
+
+    def gnn_params(**kw):
+        trainer = FedSprayTrainer(data, config(**{"fedspray-uniform-init": True, **kw}), 2, CPU)
+        return torch.cat([p.detach().flatten() for p in trainer.gnn.parameters()])
+
+    shared = gnn_params(**{"partition-id": 0})
+    assert torch.equal(shared, gnn_params(**{"partition-id": 3}))
+    own = {pid: gnn_params(**{"fedspray-per-client-init": True, "partition-id": pid}) for pid in (0, 3)}
+    assert not torch.equal(own[0], own[3]) and not torch.equal(own[0], shared)
+    assert torch.equal(own[3], gnn_params(**{"fedspray-per-client-init": True, "partition-id": 3}))
+    with pytest.raises(ValueError, match="partition-id"):
+        FedSprayTrainer(data, config(**{"fedspray-per-client-init": True}), 2, CPU)
+    # The engine hands each client's trainer its partition id (0 epochs: the GNN as drawn).
+    engine_cfg = config(**{"fedspray-per-client-init": True, "algorithm": "fedspray", "local-epochs": 0})
+    arrays = FedSprayTrainer.initial_arrays(data.num_features, 2, engine_cfg)
+    state = phase_round(data, 2, engine_cfg, TRAIN_PHASE, arrays, None, 1, 3).state
+    drawn = FedSprayTrainer(data, {**engine_cfg, "partition-id": 3}, 2, CPU).gnn.state_dict()
+    assert all(torch.equal(v, drawn[k]) for k, v in state_from_bytes(state, CPU)["gnn"].items())
 
 
 def test_deterministic_and_local_state_round_trip():

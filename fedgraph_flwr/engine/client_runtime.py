@@ -406,8 +406,11 @@ class RoundOutput:
 
 
 def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes | None,
-                    device: torch.device):
-    """The client's trainer as it was after its last round (``state``), or fresh."""
+                    device: torch.device, partition_id: int | None = None):
+    """The client's trainer as it was after its last round (``state``), or fresh. Its
+    config carries ``partition-id`` when given (a per-client initial draw needs it)."""
+    if partition_id is not None:
+        config = {**config, "partition-id": partition_id}
     if device.type == "cpu":
         # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
         # deterministic kernels make the same config and seed give the same numbers.
@@ -435,7 +438,8 @@ def phase_round(
     """One phase on one client, as a ClientApp runs it: restore the trainer from
     ``state``, handle the phase, serialise the state again."""
     t0 = time.perf_counter()
-    trainer = restore_trainer(data, num_classes, config, state, device or pick_device())
+    trainer = restore_trainer(data, num_classes, config, state, device or pick_device(),
+                              partition_id)
     restore = time.perf_counter() - t0
     out = run_phase(trainer, config, phase, arrays, server_round, partition_id)
     t1 = time.perf_counter()

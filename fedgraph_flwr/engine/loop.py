@@ -68,7 +68,7 @@ class InProcessTransport(Transport):
             else:
                 if cid not in self.trainers:
                     self.trainers[cid] = rt.restore_trainer(self.data[cid], num_classes, mine,
-                                                            None, self.device)
+                                                            None, self.device, cid)
                 result = rt.run_phase(self.trainers[cid], mine, phase, arrays, server_round, cid)
                 extra = {}
             metrics = {**result.metrics, **result.timings, "partition-id": cid,
