@@ -30,13 +30,14 @@ from .base import Arrays, ClientTrainer, Config
 # allocate the model uninitialised instead.
 _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
-#: Config keys that change every round; every other key may shape the model.
-_ROUND_KEYS = frozenset({"server-round"})
+#: Config keys that change every round or from client to client (the engine adds
+#: ``partition-id``); every other key may shape the model.
+_ROUND_KEYS = frozenset({"server-round", "partition-id"})
 
 
 def _shape_items(config: Config) -> tuple[tuple[str, Any], ...]:
-    """The config as sorted items, less the keys that change every round: what may shape
-    a model (a cache key; unhashable if a value is)."""
+    """The config as sorted items, less the keys that change every round or client: what
+    may shape a model (a cache key; unhashable if a value is)."""
     return tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
 
 
