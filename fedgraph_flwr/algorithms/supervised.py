@@ -32,13 +32,13 @@ _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
 #: Config keys that change every round or from client to client (the engine adds
 #: ``partition-id``); every other key may shape the model.
-_ROUND_KEYS = frozenset({"server-round", "partition-id"})
+_NON_SHAPE_KEYS = frozenset({"server-round", "partition-id"})
 
 
 def _shape_items(config: Config) -> tuple[tuple[str, Any], ...]:
     """The config as sorted items, less the keys that change every round or client: what
     may shape a model (a cache key; unhashable if a value is)."""
-    return tuple(sorted((k, v) for k, v in config.items() if k not in _ROUND_KEYS))
+    return tuple(sorted((k, v) for k, v in config.items() if k not in _NON_SHAPE_KEYS))
 
 
 @functools.lru_cache(maxsize=16)
