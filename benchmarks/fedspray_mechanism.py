@@ -18,22 +18,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+from fedspray_selection_rules import pooled_rounds  # this script's folder is on sys.path
 
 
 def pooled_series(results: dict) -> dict[str, np.ndarray]:
     """Per-round pooled figures (%; val loss as is) of one run."""
-    keys = ("teacher_test_acc", "test_metric", "majority_pred_share")
-    out: dict[str, list[float]] = {k: [] for k in (*keys, "val_loss")}
-    for record in results["rounds"]:
-        clients = record["clients"].values()
-        weights = np.array([c["test_count"] for c in clients], dtype=float)
-        for key in keys:
-            values = np.array([c[key] for c in clients], dtype=float)
-            out[key].append(100.0 * float((values * weights).sum() / weights.sum()))
-        val_n = np.array([c["val_count"] for c in clients], dtype=float)
-        val_sum = np.array([c["val_loss_sum"] for c in clients], dtype=float)
-        out["val_loss"].append(float(val_sum.sum() / val_n.sum()))
-    return {k: np.array(v) for k, v in out.items()}
+    rounds = pooled_rounds(results, test_weighted=("teacher_test_acc", "majority_pred_share"))
+    return {key: np.array([r[key] for r in rounds])
+            for key in ("round", "teacher_test_acc", "test", "majority_pred_share", "val_loss")}
 
 
 def label(results: dict) -> str:
@@ -59,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for (left, right), results in zip(axes, runs):
         s = pooled_series(results)
-        rounds = np.arange(1, len(s["val_loss"]) + 1)
+        rounds = s["round"]
         picked = int(results["final"]["pooled_best_round"])
         left.plot(rounds, s["teacher_test_acc"], label="teacher: test accuracy")
-        left.plot(rounds, s["test_metric"], label="GNN: test accuracy", linestyle="--")
+        left.plot(rounds, s["test"], label="GNN: test accuracy", linestyle="--")
         left.plot(rounds, s["majority_pred_share"], label="GNN: test nodes predicted as the majority class",
                   linestyle=":")
         right.plot(rounds, s["val_loss"], color="tab:red", label="GNN: pooled validation loss")

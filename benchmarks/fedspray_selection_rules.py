@@ -22,21 +22,25 @@ from fedgraph_flwr.engine.protocols import best_val_index
 RULES = ("lowest val loss", "highest val accuracy", "last round")
 
 
-def pooled_rounds(results: dict) -> list[dict[str, float]]:
-    """Per round: pooled val loss and accuracy, test and minority accuracy (%)."""
+def pooled_rounds(results: dict, test_weighted: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """Per evaluated round: pooled val loss and accuracy, test and minority accuracy (%),
+    and each client metric named in ``test_weighted`` averaged over test nodes (%)."""
     out = []
     for record in results["rounds"]:
         clients = [c for c in record["clients"].values() if "test_count" in c]
         if not clients:
             continue
         val_n = sum(c["val_count"] for c in clients)
+        test_n = sum(c["test_count"] for c in clients)
         out.append({
             "round": record["round"],
             "val_loss": sum(c["val_loss_sum"] for c in clients) / val_n,
             "val_acc": sum(c["val_metric"] * c["val_count"] for c in clients) / val_n,
-            "test": 100 * sum(c["test_correct"] for c in clients) / sum(c["test_count"] for c in clients),
+            "test": 100 * sum(c["test_correct"] for c in clients) / test_n,
             "minority": 100 * sum(c["minority_correct"] for c in clients)
             / sum(c["minority_count"] for c in clients),
+            **{key: 100 * sum(c[key] * c["test_count"] for c in clients) / test_n
+               for key in test_weighted},
         })
     return out
 
