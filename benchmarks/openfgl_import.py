@@ -1,0 +1,80 @@
+"""Write one of this project's partitions as an OpenFGL cache, so OpenFGL trains on our files.
+
+The reverse of ``openfgl_export.py``: it builds (or reads) the run's partition with the
+same keys a run uses, and writes what OpenFGL 1.1.0's ``FGLDataset`` and node-classification
+task load instead of simulating a split of their own:
+
+    <root>/distrib/<simulation>_<dataset>_client_<K>/data_<i>.pt
+        (x, edge_index, y, global_map, num_global_classes)
+    <root>/distrib/.../node_cls/default_split/{train,val,test}_<i>.pt  (boolean masks)
+    <root>/distrib/.../node_cls/default_split/glb_{train,val,test}_<i>.pkl  (global ids)
+
+    python benchmarks/openfgl_import.py --root <openfgl-root> --set dataset=Cora \\
+        partition=metis num-clients=20 data-root=<data>
+
+then, in OpenFGL's environment, ``openfgl_side_by_side.py run <algorithm> <seed> <out.json>
+--root <openfgl-root> --clients 20`` trains on exactly our clients' graphs, features, labels
+and masks. ``<root>/global`` must hold OpenFGL's copy of the whole dataset (it reads the
+global graph's size); the folder name uses ``--simulation`` (default ``subgraph_fl_metis``),
+so give each partition its own root. The data files are written with ``torch.save`` of a
+PyG ``Data``, as OpenFGL's own cache is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+from torch_geometric.data import Data
+
+from fedgraph_flwr.data.partition import load_all_clients
+
+
+def parse_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="OpenFGL's data root")
+    parser.add_argument("--simulation", default="subgraph_fl_metis",
+                        help="the simulation name OpenFGL will be run with")
+    parser.add_argument("--set", nargs="+", required=True, metavar="KEY=VALUE",
+                        help="the run-config keys that pick the partition (dataset, partition, "
+                             "num-clients, data-root, ...)")
+    args = parser.parse_args(argv)
+    config = dict(item.split("=", 1) for item in args.set)
+    config = {k: parse_value(v) for k, v in config.items()}
+    clients = load_all_clients(config)
+    folder = args.root / "distrib" / f"{args.simulation}_{config['dataset']}_client_{len(clients)}"
+    split_dir = folder / "node_cls" / "default_split"
+    if folder.exists():
+        raise SystemExit(f"{folder}: exists; give each partition its own --root")
+    split_dir.mkdir(parents=True)
+    for i, c in enumerate(clients):
+        if "global_id" not in c:
+            raise SystemExit(f"client {i}: the partition has no global ids")
+        gid = c.global_id.tolist()
+        torch.save(Data(x=c.x, edge_index=c.edge_index, y=c.y,
+                        global_map=dict(enumerate(gid)), num_global_classes=int(c.num_classes_total)),
+                   folder / f"data_{i}.pt")
+        for key in ("train", "val", "test"):
+            mask = c[f"{key}_mask"].bool()
+            torch.save(mask, split_dir / f"{key}_{i}.pt")
+            with open(split_dir / f"glb_{key}_{i}.pkl", "wb") as f:
+                pickle.dump([gid[j] for j in mask.nonzero().view(-1).tolist()], f)
+    sizes = ", ".join(str(int(c.num_nodes)) for c in clients)
+    print(f"{len(clients)} clients written to {folder} (nodes: {sizes})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
