@@ -60,6 +60,8 @@ def run_openfgl(argv: list[str]) -> int:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--model", default="gcn", help="OpenFGL's backbone for algorithms that use one")
+    parser.add_argument("--metric", choices=("accuracy", "auc"), default="accuracy",
+                        help="what each client's val/test figure is (auc: binary tasks)")
     args = parser.parse_args(argv)
     sys.argv = sys.argv[:1]  # openfgl.config parses the command line when imported
 
@@ -71,8 +73,10 @@ def run_openfgl(argv: list[str]) -> int:
     torch.set_num_threads(1)
     fgl.root, fgl.dataset, fgl.scenario = args.root, [args.dataset], "subgraph_fl"
     fgl.simulation_mode, fgl.num_clients, fgl.num_rounds = args.simulation, args.clients, args.rounds
-    fgl.fl_algorithm, fgl.model, fgl.metrics = args.algorithm, [args.model], ["accuracy"]
+    fgl.fl_algorithm, fgl.model, fgl.metrics = args.algorithm, [args.model], [args.metric]
     fgl.use_cuda, fgl.seed = False, args.seed
+    if args.metric == "auc":
+        score_positive_class()
     seed_everything(args.seed)
     trainer = FGLTrainer(fgl)
 
@@ -96,7 +100,8 @@ def run_openfgl(argv: list[str]) -> int:
         def wrapped(*a, **k):
             result = client_evaluate(*a, **k)
             if not a and not k:  # the trainer's "local model on local data" call
-                per_round[-1].append((float(result["accuracy_val"]), float(result["accuracy_test"]),
+                val, test = result[f"{args.metric}_val"], result[f"{args.metric}_test"]
+                per_round[-1].append((float(val), float(test),
                                       int(task.num_samples)))
             return result
         return wrapped
@@ -116,6 +121,22 @@ def run_openfgl(argv: list[str]) -> int:
     print(f"{args.algorithm} seed {args.seed}: OpenFGL's best test {trainer.evaluation_result}, "
           f"{wall:.1f} s")
     return 0
+
+
+def score_positive_class() -> None:
+    """OpenFGL 1.1.0 scores ROC-AUC on ``softmax(logits)``, an [n, 2] matrix for a binary task
+    with two logits, which scikit-learn refuses ("y should be a 1d array"). Its node
+    classification task then scores the positive class's probability instead, as this project
+    does; nothing else in OpenFGL changes."""
+    from openfgl.task import node_cls
+    from openfgl.utils.metrics import compute_supervised_metrics
+
+    def positive_class(metrics, logits, labels, suffix):
+        if logits.dim() == 2 and logits.size(1) == 2:
+            logits = logits[:, 1] - logits[:, 0]  # its sigmoid is softmax(logits)[:, 1]
+        return compute_supervised_metrics(metrics, logits, labels, suffix)
+
+    node_cls.compute_supervised_metrics = positive_class
 
 
 def scores(per_round: list[list[tuple[float, float, int]]]) -> dict[str, float]:
