@@ -129,20 +129,20 @@ def score_positive_class() -> None:
     classification task then scores the positive class's probability instead, as this project
     does; nothing else in OpenFGL changes."""
     from openfgl.task import node_cls
-    from openfgl.utils import metrics
+    from openfgl.utils import metrics as metrics_module
 
-    score = metrics.compute_supervised_metrics
+    score = metrics_module.compute_supervised_metrics
 
-    def positive_class(names, logits, labels, suffix):
+    def positive_class(metrics, logits, labels, suffix):  # OpenFGL passes them by keyword
         if logits.dim() == 2 and logits.size(1) == 2:
             # its sigmoid is softmax(logits)[:, 1]; where a method passes probabilities it is
             # 2 p_1 - 1, the same ranking (AUC) and the same sign (accuracy)
             logits = logits[:, 1] - logits[:, 0]
-        return score(names, logits, labels, suffix)
+        return score(metrics, logits, labels, suffix)
 
     # node_cls imported the function at load; AdaFGL's and FedSage+'s clients import it
     # from the module at each call
-    node_cls.compute_supervised_metrics = metrics.compute_supervised_metrics = positive_class
+    node_cls.compute_supervised_metrics = metrics_module.compute_supervised_metrics = positive_class
 
 
 def scores(per_round: list[list[tuple[float, float, int]]]) -> dict[str, float]:
