@@ -23,6 +23,7 @@ PyG ``Data``, as OpenFGL's own cache is.
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -51,26 +52,35 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run-config keys that pick the partition (dataset, partition, "
                              "num-clients, data-root, ...)")
     args = parser.parse_args(argv)
-    config = dict(item.split("=", 1) for item in args.set)
-    config = {k: parse_value(v) for k, v in config.items()}
-    clients = load_all_clients(config)
+    if bad := [item for item in args.set if "=" not in item]:
+        parser.error(f"--set takes KEY=VALUE, not {bad[0]!r}")
+    config = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    if "dataset" not in config:
+        parser.error("--set needs dataset=<name>")
+    try:
+        clients = load_all_clients(config)
+    except ValueError as e:  # the partition's own one-line errors (dataset, client count, ...)
+        raise SystemExit(f"openfgl_import: {e}") from None
+    if missing := [i for i, c in enumerate(clients) if "global_id" not in c]:
+        raise SystemExit(f"client {missing[0]}: the partition has no global ids")
     folder = args.root / "distrib" / f"{args.simulation}_{config['dataset']}_client_{len(clients)}"
-    split_dir = folder / "node_cls" / "default_split"
     if folder.exists():
         raise SystemExit(f"{folder}: exists; give each partition its own --root")
+    # Written beside it and renamed at the end: OpenFGL never finds a half-written cache.
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    split_dir = tmp / "node_cls" / "default_split"
     split_dir.mkdir(parents=True)
     for i, c in enumerate(clients):
-        if "global_id" not in c:
-            raise SystemExit(f"client {i}: the partition has no global ids")
         gid = c.global_id.tolist()
         torch.save(Data(x=c.x, edge_index=c.edge_index, y=c.y,
                         global_map=dict(enumerate(gid)), num_global_classes=int(c.num_classes_total)),
-                   folder / f"data_{i}.pt")
+                   tmp / f"data_{i}.pt")
         for key in ("train", "val", "test"):
             mask = c[f"{key}_mask"].bool()
             torch.save(mask, split_dir / f"{key}_{i}.pt")
             with open(split_dir / f"glb_{key}_{i}.pkl", "wb") as f:
                 pickle.dump([gid[j] for j in mask.nonzero().view(-1).tolist()], f)
+    tmp.rename(folder)
     sizes = ", ".join(str(int(c.num_nodes)) for c in clients)
     print(f"{len(clients)} clients written to {folder} (nodes: {sizes})")
     return 0
