@@ -1,15 +1,17 @@
 """OpenFGL and fedgraph-flwr on identical client files: run OpenFGL, then tabulate both.
 
 ``run`` drives an unmodified ``openfgl-lib`` (1.1.0) through its public trainer on CPU, one
-thread, and records each round's per-client validation and test accuracy and wall time. Run
-it in a virtual environment of its own (OpenFGL pins nothing and imports much); see
-docs/results/baselines.md, "Side by side with OpenFGL", for the set-up:
+thread, and records each round's per-client validation and test accuracy (ROC-AUC with
+``--metric auc``) and wall time. Run it in a virtual environment of its own (OpenFGL pins
+nothing and imports much), from the checkout with ``PYTHONPATH=.`` (it scores with this
+project's best-round rule); see docs/results/baselines.md, "Side by side with OpenFGL", for
+the set-up:
 
-    python benchmarks/openfgl_side_by_side.py run fedgta 0 runs/fedgta-0.json \\
+    PYTHONPATH=. python benchmarks/openfgl_side_by_side.py run fedgta 0 runs/fedgta-0.json \\
         --root <openfgl-root> --dataset Cora --simulation subgraph_fl_metis --clients 10
 
 ``compare`` reads those JSON files and this project's ``results.json`` of the same methods
-(``fedgraph-experiments run configs/paper/openfgl-side-by-side-cora-10.yaml``) and scores both
+(``fedgraph-experiments run configs/paper/openfgl-side-by-side-cora.yaml``) and scores both
 by the same three rules, from the per-client curves:
 
 - ``openfgl``: OpenFGL's own rule: per round, the clients' accuracies averaged with weights
