@@ -63,15 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     split_dir = tmp / "node_cls" / "default_split"
     split_dir.mkdir(parents=True)
     for i, c in enumerate(clients):
-        gid = c.global_id.tolist()
         torch.save(Data(x=c.x, edge_index=c.edge_index, y=c.y,
-                        global_map=dict(enumerate(gid)), num_global_classes=int(c.num_classes_total)),
+                        global_map=dict(enumerate(c.global_id.tolist())),
+                        num_global_classes=int(c.num_classes_total)),
                    tmp / f"data_{i}.pt")
         for key in ("train", "val", "test"):
             mask = c[f"{key}_mask"].bool()
             torch.save(mask, split_dir / f"{key}_{i}.pt")
             with open(split_dir / f"glb_{key}_{i}.pkl", "wb") as f:
-                pickle.dump([gid[j] for j in mask.nonzero().view(-1).tolist()], f)
+                pickle.dump(c.global_id[mask].tolist(), f)
     tmp.rename(folder)
     sizes = ", ".join(str(int(c.num_nodes)) for c in clients)
     print(f"{len(clients)} clients written to {folder} (nodes: {sizes})")
