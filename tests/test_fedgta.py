@@ -25,7 +25,8 @@ from fedgraph_flwr.algorithms.fedgta import (
     moments,
     smoothing_confidence,
 )
-from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.algorithms.options import ConfigError
+from fedgraph_flwr.config import all_defaults, resolve_config
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gamlp import GAMLP, normalized_adjacency, propagate_hops
 
@@ -133,6 +134,38 @@ def test_label_propagation_by_hand():
     raw, _ = label_propagation(probs, labels, train, adjacency, 0, 0.5, 20.0)
     torch.testing.assert_close(raw[1:], F.softmax(start, dim=1)[1:])
 
+
+
+def test_openfgl_label_propagation_is_pygs_label_propagation():
+    """``variant="openfgl"`` on Â without self-loops = PyG's LabelPropagation with a mask (what
+    OpenFGL's FedGTA client calls), before the softmaxes and the reset of the training rows."""
+    from torch_geometric.nn.models import LabelPropagation
+
+    gen = torch.Generator().manual_seed(0)
+    n, c = 12, 3
+    edges = torch.randint(0, n, (2, 30), generator=gen)
+    edges = torch.unique(torch.cat([edges, edges.flip(0)], 1), dim=1)
+    edges = edges[:, edges[0] != edges[1]]
+    probs = F.softmax(torch.randn(n, c, generator=gen), dim=1)
+    labels = torch.randint(0, c, (n,), generator=gen)
+    train = torch.zeros(n, dtype=torch.bool)
+    train[:4] = True
+    expected = LabelPropagation(num_layers=5, alpha=0.5)(probs, edges, mask=train)
+    raw, sharp = label_propagation(probs, labels, train, normalized_adjacency(
+        edges, n, self_loops=False), 5, 0.5, 20.0, variant="openfgl")
+    rest = ~train
+    torch.testing.assert_close(raw[rest], F.softmax(expected, dim=1)[rest])
+    torch.testing.assert_close(sharp[rest], F.softmax(expected / 20.0, dim=1)[rest])
+    torch.testing.assert_close(raw[train], F.one_hot(labels[train], c).float())
+    # The project's default (the official code's) differs: one-hot F⁰ on training rows.
+    code, _ = label_propagation(probs, labels, train, normalized_adjacency(edges, n), 5, 0.5, 20.0)
+    assert not torch.allclose(code[rest], raw[rest])
+    with pytest.raises(ValueError, match="LP variant"):
+        label_propagation(probs, labels, train, normalized_adjacency(edges, n), 1, 0.5, 20.0,
+                          variant="pyg")
+    with pytest.raises(ConfigError, match="fedgta-lp-train-boost"):
+        FedGTAOptions.from_config({**all_defaults(), "fedgta-lp": "openfgl",
+                                   "fedgta-lp-train-boost": True})
 
 def test_moments_by_hand():
     probs = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.5, 0.5]])

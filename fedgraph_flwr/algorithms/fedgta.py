@@ -37,6 +37,10 @@ Switches (default = the paper / GAMLP's definition, other value = the official c
 
 - ``fedgta-lp-train-boost`` (False): True adds F⁰ to the training rows after every LP
   step (``F[train] += F⁰[train]``, the code), instead of the plain recursion.
+- ``fedgta-lp`` (code): ``openfgl`` is OpenFGL's label propagation (PyG's
+  ``LabelPropagation``): F⁰ = the model's probabilities on the training rows and 0
+  elsewhere, Â = D^(−1/2) A D^(−1/2) without self-loops, F clamped to [0, 1] after each
+  step. For the side by side with OpenFGL only; neither the paper nor the code does this.
 - ``fedgta-gate-layout`` (node): ``code`` reproduces the code's reshape of the hop-major
   gate scores, which hands node i other nodes' scores (see :mod:`fedgraph_flwr.nn.gamlp`).
 - ``fedgta-evaluate`` (after-train): ``before-train`` reports the model the server sent,
@@ -79,6 +83,7 @@ from .options import Options, option
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
 
 BACKBONES = ("gamlp", "gcn")
+LP_VARIANTS = ("code", "openfgl")
 MOMENT_TYPES = ("raw", "central", "hybrid")
 MOMENTS_KEY = "moments"
 CONFIDENCE_KEY = "confidence"
@@ -101,6 +106,10 @@ class FedGTAOptions(Options, prefix="fedgta"):
     lp_alpha: float = option(0.5, "label-propagation α: F <- α ÂF + (1-α) F0",
                              low=0.0, high=1.0)
     lp_train_boost: bool = option(False, "add F0 to the training rows after each LP step (code)")
+    lp: str = option("code", "code (F0: one-hot train rows, P elsewhere; Â with self-loops) | "
+                     "openfgl (PyG's LabelPropagation: F0 = P on train rows, 0 elsewhere; "
+                     "Â without self-loops; F clamped to [0, 1] after each step)",
+                     choices=LP_VARIANTS)
     temperature: float = option(20.0, "temperature T of P_dis = softmax(F / T)", low=0.0,
                                 low_inclusive=False)
     moment_type: str = option("hybrid", "raw (code: origin) | central (code: mean) | hybrid "
@@ -111,11 +120,16 @@ class FedGTAOptions(Options, prefix="fedgta"):
     evaluate: str = option("after-train", "after-train (FED-PUB protocol) | before-train (the "
                            "code: the received model)", choices=EVALUATE_POINTS)
 
+    def check(self) -> None:
+        if self.lp == "openfgl" and self.lp_train_boost:
+            raise self.invalid("lp_train_boost", "the code's boost has no place in fedgta-lp=openfgl")
+
 
 # --- client maths -----------------------------------------------------------------------
 def label_propagation(probs: torch.Tensor, labels: torch.Tensor, train_mask: torch.Tensor,
                       adjacency: torch.Tensor, steps: int, alpha: float, temperature: float,
-                      train_boost: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      train_boost: bool = False, variant: str = "code"
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """FedGTA's non-parametric LP: (P_raw, P_dis), each [n, C].
 
     probs [n, C] (the model's soft labels), labels [n] (read on the training rows only),
@@ -123,16 +137,28 @@ def label_propagation(probs: torch.Tensor, labels: torch.Tensor, train_mask: tor
     elsewhere; F ← α·Â F + (1−α)·F⁰, ``steps`` times (``train_boost``: then also
     F[train] += F⁰[train], the code); P_raw = softmax(F), P_dis = softmax(F/T), training
     rows reset to the one-hot labels.
+
+    ``variant="openfgl"`` is OpenFGL's (PyG's ``LabelPropagation`` with ``mask``): F⁰ = probs
+    on the training rows, 0 elsewhere, F clamped to [0, 1] after each step; the caller
+    passes Â without self-loops, as PyG's ``gcn_norm(add_self_loops=False)`` builds it.
     """
+    if variant not in LP_VARIANTS:
+        raise ValueError(f"LP variant {variant!r}; valid: {', '.join(LP_VARIANTS)}")
     num_classes = probs.size(1)
     onehot = F.one_hot(labels[train_mask], num_classes).to(probs.dtype)
-    start = probs.clone()
-    start[train_mask] = onehot
+    if variant == "openfgl":
+        start = torch.zeros_like(probs)
+        start[train_mask] = probs[train_mask]
+    else:
+        start = probs.clone()
+        start[train_mask] = onehot
     out = start
     for _ in range(steps):
         out = alpha * torch.sparse.mm(adjacency, out) + (1.0 - alpha) * start
         if train_boost:
             out[train_mask] += start[train_mask]
+        if variant == "openfgl":
+            out = out.clamp(0.0, 1.0)
     raw = F.softmax(out, dim=1)
     sharp = F.softmax(out / temperature, dim=1)
     raw[train_mask] = onehot
@@ -208,6 +234,10 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
         opts = self.options
         data = self.data
         self.adjacency = normalized_adjacency(data.edge_index, data.num_nodes, opts.r)
+        # OpenFGL's LP runs on Â without self-loops; the backbone keeps its own Â.
+        self.lp_adjacency = (normalized_adjacency(data.edge_index, data.num_nodes, opts.r,
+                                                  self_loops=False)
+                             if opts.lp == "openfgl" else self.adjacency)
         self.degree = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
         self.hops = (propagate_hops(data.x, self.adjacency, opts.prop_steps)
                      if opts.backbone == "gamlp" else None)
@@ -251,9 +281,9 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
         opts = self.options
         self.model.eval()
         probs = F.softmax(self.forward(), dim=1)
-        raw, sharp = label_propagation(probs, self.data.y, self.data.train_mask, self.adjacency,
-                                       opts.lp_steps, opts.lp_alpha, opts.temperature,
-                                       opts.lp_train_boost)
+        raw, sharp = label_propagation(probs, self.data.y, self.data.train_mask,
+                                       self.lp_adjacency, opts.lp_steps, opts.lp_alpha,
+                                       opts.temperature, opts.lp_train_boost, opts.lp)
         return (moments(raw, opts.num_moments, opts.moment_type),
                 smoothing_confidence(sharp, self.degree).reshape(1))
 
