@@ -234,8 +234,9 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
         opts = self.options
         data = self.data
         self.adjacency = normalized_adjacency(data.edge_index, data.num_nodes, opts.r)
-        # OpenFGL's LP runs on Â without self-loops; the backbone keeps its own Â.
-        self.lp_adjacency = (normalized_adjacency(data.edge_index, data.num_nodes, opts.r,
+        # OpenFGL's LP runs on PyG's D^(-1/2) A D^(-1/2) (r = 0.5, no self-loops), whatever
+        # the backbone's r; the backbone keeps its own Â.
+        self.lp_adjacency = (normalized_adjacency(data.edge_index, data.num_nodes, 0.5,
                                                   self_loops=False)
                              if opts.lp == "openfgl" else self.adjacency)
         self.degree = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
