@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.long <= args.short:
         parser.error("--long must be larger than --short")
+    if args.ray_cpus is not None and args.ray_cpus < 1:
+        parser.error("--ray-cpus must be at least 1")
     home = tempfile.mkdtemp(prefix="flwr-home-")
     out = Path(tempfile.mkdtemp(prefix="flwr-run-rounds-"))
     env = dict(os.environ, FLWR_HOME=home, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
