@@ -327,6 +327,66 @@ def test_large_clients_propagate_through_a_csr_adjacency_with_the_same_logits():
         sparse_path = trainer.forward()
     torch.testing.assert_close(sparse_path, dense_path, rtol=1e-4, atol=1e-5)
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_csr_propagation_keeps_gcnconvs_results_bit_for_bit(symmetric):
+    """CSRGCNConv's backward through a kept transpose (the adjacency itself when symmetric)
+    gives GCNConv's output and gradients exactly, on an undirected and a directed graph."""
+    from torch_geometric.nn import GCNConv
+    from torch_geometric.utils import to_torch_csr_tensor, to_undirected
+
+    from fedgraph_flwr.nn.csr_gcn_conv import CSRGCNConv, csr_transpose
+    from fedgraph_flwr.nn.masked import MaskedGCNConv
+
+    torch.manual_seed(0)
+    n = 300
+    edge_index = torch.randint(0, n, (2, 2000))
+    if symmetric:
+        edge_index = to_undirected(edge_index)
+    adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))
+    x = torch.randn(n, 16)
+    for ours_cls in (CSRGCNConv, MaskedGCNConv):
+        torch.manual_seed(1)
+        ours = ours_cls(16, 8, cached=True)
+        theirs = GCNConv(16, 8, cached=True)
+        theirs.lin.weight.data.copy_(ours.lin.weight.data)
+        results = []
+        for conv in (ours, theirs):
+            xi = x.clone().requires_grad_()
+            for _ in range(2):  # the second pass reuses the cached normalisation (and transpose)
+                out = conv(xi, adj_t)
+                (out * torch.arange(8.0)).sum().backward()
+            results.append((out.detach(), xi.grad, conv.lin.weight.grad))
+        for a, b in zip(*results):
+            assert torch.equal(a, b)
+        normalised, kept = ours._cached_transpose
+        assert (kept is normalised) == symmetric
+    if symmetric:
+        assert csr_transpose(adj_t) is adj_t
+
+
+def test_uniform_mask_dropout_is_dropout():
+    """Keeps a 1 − p share of entries scaled by 1/(1 − p), passes gradients through the
+    same mask, repeats under a seed, and is the identity in eval mode or at p = 0."""
+    from fedgraph_flwr.nn.fast_dropout import uniform_mask_dropout
+
+    h = torch.rand(400, 300) + 0.5
+    for p in (0.2, 0.5):
+        torch.manual_seed(3)
+        x = h.clone().requires_grad_()
+        out = uniform_mask_dropout(x, p, training=True)
+        kept = out != 0
+        assert abs(kept.float().mean().item() - (1 - p)) < 0.01  # 120k draws: ±0.004 = 3σ
+        torch.testing.assert_close(out[kept], h[kept] / (1 - p))
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, kept.float() / (1 - p))
+        torch.manual_seed(3)
+        assert torch.equal(uniform_mask_dropout(h, p, training=True), out.detach())
+    assert uniform_mask_dropout(h, 0.5, training=False) is h
+    assert uniform_mask_dropout(h, 0.0, training=True) is h
+    with pytest.raises(ValueError, match="dropout probability"):
+        uniform_mask_dropout(h, 1.0, training=True)
+
+
 def test_training_is_deterministic_and_learns():
     data = random_graph(n=60)
     uploads = []

@@ -58,7 +58,7 @@ _SPARE_MODELS: dict[tuple[Any, ...], nn.Module] = {}
 
 #: Per-graph caches some layers fill on their first forward (PyG's ``cached=True``):
 #: cleared on release, so a spare model never carries another client's graph.
-_GRAPH_CACHES = ("_cached_edge_index", "_cached_adj_t")
+_GRAPH_CACHES = ("_cached_edge_index", "_cached_adj_t", "_cached_transpose")
 
 
 @contextlib.contextmanager
@@ -75,7 +75,9 @@ def state_follows() -> Iterator[None]:
 #: ``accepts_sparse_adjacency`` a CSR adjacency instead of ``edge_index``: each layer is
 #: then one sparse-dense product instead of an [E, d] message tensor, the same sums in
 #: another order, about 5x faster and far smaller on a 35k-node client (issue #29).
-#: Every published figure comes from smaller clients, so none moves.
+#: FedAuxNet then also draws its dropout masks with ``torch.rand`` (``nn/fast_dropout.py``:
+#: the same distribution, another random stream). Every published figure except the
+#: ogbn-arxiv-size benchmark's comes from smaller clients, so none moves.
 SPARSE_ADJACENCY_MIN_NODES = 4097
 
 

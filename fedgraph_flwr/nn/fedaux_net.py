@@ -29,9 +29,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv
 
 from .apv_kernel import KERNEL_IMPLS, SCORE_MODES, HardSortConv1d, apv_scores, kernel_smooth
+from .csr_gcn_conv import CSRGCNConv
+from .fast_dropout import uniform_mask_dropout
 from .masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
 
 VARIANTS = ("soft", "hard")
@@ -93,7 +94,7 @@ class FedAuxNet(nn.Module):
         self.num_layers = num_layers
         # cached=True: a trainer only ever sees its own fixed subgraph. Named conv1..convL
         # (not a ModuleList) so the default L = 2 keeps the reference code's names.
-        conv = MaskedGCNConv if masked else GCNConv
+        conv = MaskedGCNConv if masked else CSRGCNConv
         for i in range(1, num_layers + 1):
             setattr(self, f"conv{i}", conv(in_channels if i == 1 else hidden_channels,
                                            hidden_channels, cached=True))
@@ -139,10 +140,16 @@ class FedAuxNet(nn.Module):
         self.reset_classifier()
 
     def embed(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        """Post-ReLU, post-dropout node embeddings h [N, d']."""
+        """Post-ReLU, post-dropout node embeddings h [N, d']. A CSR ``adj_t`` (a large
+        client's) draws the dropout masks with ``torch.rand`` (``fast_dropout``)."""
+        large = edge_index.layout == torch.sparse_csr
         h = x
         for conv in self.convs():
-            h = F.dropout(F.relu(conv(h, edge_index)), p=self.dropout, training=self.training)
+            h = F.relu(conv(h, edge_index))
+            if large:
+                h = uniform_mask_dropout(h, self.dropout, self.training)
+            else:
+                h = F.dropout(h, p=self.dropout, training=self.training)
         return h
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import GCNConv
 from torch_geometric.nn.inits import glorot
+
+from .csr_gcn_conv import CSRGCNConv
 
 PRUNE_THRESHOLD = 1e-3
 
@@ -77,11 +78,12 @@ class MaskedLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
 
 
-class MaskedGCNConv(GCNConv):
+class MaskedGCNConv(CSRGCNConv):
     """GCNConv (symmetric normalisation with self-loops) whose weight is masked.
 
-    x [n, in_channels], edge_index [2, m] -> [n, out_channels]. Reuses PyG's
-    ``GCNConv.forward`` (``gcn_norm``, caching, ``propagate``) unchanged: only
+    x [n, in_channels], edge_index [2, m] or a CSR adj_t -> [n, out_channels]. Reuses
+    PyG's ``GCNConv.forward`` (``gcn_norm``, caching, ``propagate``; the CSR backward of
+    :class:`CSRGCNConv`) unchanged: only
     its bias-free ``lin`` is swapped for a :class:`MaskedLinear`, so the
     parameters are ``lin.weight``, ``lin.mask`` and the (unmasked) ``bias``.
     """
