@@ -66,6 +66,7 @@ def one_run(algorithm: str, clients: int, rounds: int, data_root: str, out: Path
         "best_round": res["final"].get("best_round"),
         "curve": [100 * r["held_mean_test"] for r in res["rounds"]],
         "kernel": resolved.get("fedaux-kernel") if algorithm == "fedaux" else None,
+        "cpus": cpus,
     }
 
 
@@ -81,7 +82,9 @@ def plot(rows: list[dict], path: Path) -> None:
                 label=f"{row['algorithm']}, {row['clients']} clients")
     ax.set_xlabel("round")
     ax.set_ylabel("mean test accuracy over clients (%)")
-    ax.set_title(f"{rows[0]['dataset']}: Flower simulation, 2 CPUs")
+    cpus = sorted({row.get("cpus", 2) for row in rows})
+    ax.set_title(f"{rows[0]['dataset']}: Flower simulation, "
+                 f"{'/'.join(map(str, cpus))} one-CPU actors")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -95,7 +98,9 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=["fedaux:5", "fediih:5"],
                     metavar="ALGORITHM:CLIENTS")
     ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--cpus", type=int, default=2, help="Ray CPUs (one per ClientApp)")
+    ap.add_argument("--cpus", type=int, default=2,
+                    help="Ray CPUs, one per ClientApp actor (more than the cores overlaps "
+                         "a last wave of few large clients; docs/performance.md)")
     ap.add_argument("--out", default="outputs/arxiv-scale")
     ap.add_argument("--plot", default="", help="PNG path for the accuracy curves")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")

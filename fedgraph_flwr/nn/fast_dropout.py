@@ -1,7 +1,7 @@
 """Dropout from one uniform draw per entry: the large-client path's dropout (issue #29).
 
 ``F.dropout`` on CPU draws its mask with ``bernoulli_``, which this project's CPU runs
-at ~12 ns an entry (MKL's Bernoulli through many small streams): 0.13 s for one
+at 12–15 ns an entry (MKL's Bernoulli through many small streams): 0.13 s for one
 [35k, 256] activation, the largest single cost of a 35k-node FedAux client's epoch after
 the matrix products. ``torch.rand`` draws the same distribution (keep with probability
 1 − p, scale 1/(1 − p)) about three times faster. It is a different random stream, so
