@@ -67,10 +67,11 @@ Since κ_ii = 1, M_i ≥ 1, and |z_ic| ≤ H_c (z_i is a convex combination), so
 (default ``FAST_TOL`` = 1e-9, four orders below the 1e-5 target so the bound
 holds relative to max|z| even when max|z| ≪ max|h|), then the smallest m and p
 that meet ε. For N = 169,343 that is m = 12 offsets each side and p = 21 terms.
-The gradients are exact derivatives (custom backward of the box operations and
-of the final normalisation, autograd elsewhere) of the approximate kernel, whose entries and s-derivatives
-are within ε of the exact ones (both bounds above); ∂L/∂h = Σ_i β_ij G_i and
-∂L/∂s are again sums of N such entries over M_i ≥ 1, so the same argument bounds
+The gradients are exact derivatives (custom backward of the box operations, the row
+permutation and the final normalisation, autograd elsewhere) of the approximate kernel,
+whose entries and s-derivatives are within ε of the exact ones (both bounds above);
+∂L/∂h = Σ_i β_ij G_i and ∂L/∂s are again sums of N such entries over M_i ≥ 1, so the
+same argument bounds
 their errors by O(N·ε) times max|G|·max|h| (and 1/σ for ∂s). We do not state
 that constant; the gradient errors are measured instead (tests/test_apv_kernel.py,
 benchmarks/apv_kernel_fast.py: ≤ 1e-11 relative in float64).
