@@ -71,9 +71,8 @@ The gradients are exact derivatives (custom backward of the box operations, the 
 permutation and the final normalisation, autograd elsewhere) of the approximate kernel,
 whose entries and s-derivatives are within ε of the exact ones (both bounds above);
 ∂L/∂h = Σ_i β_ij G_i and ∂L/∂s are again sums of N such entries over M_i ≥ 1, so the
-same argument bounds
-their errors by O(N·ε) times max|G|·max|h| (and 1/σ for ∂s). We do not state
-that constant; the gradient errors are measured instead (tests/test_apv_kernel.py,
+same argument bounds their errors by O(N·ε) times max|G|·max|h| (and 1/σ for ∂s).
+We do not state that constant; the gradient errors are measured instead (tests/test_apv_kernel.py,
 benchmarks/apv_kernel_fast.py: ≤ 1e-11 relative in float64).
 The bound is for exact arithmetic; float32 inputs are expanded in float64 by
 default and z is rounded back, so float32 results differ from the float64 exact
