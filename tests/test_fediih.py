@@ -135,6 +135,84 @@ def test_routing_forward_and_gradient_match_gather_form_with_duplicate_edges():
     assert torch.allclose(grad, ref_grad, atol=1e-10)
 
 
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_fused_routing_equals_the_sparse_kernels_forward_and_gradient(tau):
+    torch.manual_seed(3)
+    n, k, d = 40, 3, 5
+    # Directed, duplicate edges (0 → 1 twice), a self-loop and isolated nodes (38, 39).
+    edge_index = torch.cat([erdos_renyi_graph(38, 0.12, directed=True),
+                            torch.tensor([[0, 0, 4], [1, 1, 4]])], dim=1)
+    x = torch.randn(n, k * d, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(n, k * d, dtype=torch.float64)
+    outs, grads = [], []
+    for kernel in ("sparse", "fused"):
+        out = NeighbourhoodRouting(k, iterations=4, tau=tau, kernel=kernel)(x, edge_index)
+        outs.append(out)
+        grads.append(torch.autograd.grad((out * weight).sum(), x)[0])
+    assert torch.allclose(outs[0], outs[1], atol=1e-12)
+    assert torch.allclose(grads[0], grads[1], atol=1e-12)
+    with torch.no_grad():  # the forward-only path (two reused buffers) gives the same
+        again = NeighbourhoodRouting(k, iterations=4, tau=tau, kernel="fused")(x, edge_index)
+    assert torch.equal(again, outs[1].detach())
+    from fedgraph_flwr.nn.fused_routing import fused_routing
+
+    small = torch.randn(9, 2 * 3, dtype=torch.float64, requires_grad=True)
+    ring = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0], [1, 2, 3, 4, 5, 6, 7, 8, 0, 0]])
+    assert torch.autograd.gradcheck(lambda t: fused_routing(t, ring, 2, 3, 0.8), (small,))
+
+
+def test_fused_routing_does_not_depend_on_the_thread_count():
+    import numba
+
+    torch.manual_seed(4)
+    n, k, d = 500, 2, 16
+    edge_index = to_undirected(erdos_renyi_graph(n, 0.02))
+    x = torch.randn(n, k * d, requires_grad=True)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for t in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            torch.set_num_threads(t)
+            out = NeighbourhoodRouting(k, iterations=3, kernel="fused")(x, edge_index)
+            results.append((out.detach(), torch.autograd.grad(out.square().mul(x).sum(), x)[0]))
+    finally:
+        torch.set_num_threads(threads)
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+def test_auto_kernel_routes_large_cpu_graphs_fused_and_small_ones_sparse():
+    from fedgraph_flwr.nn.disengcn import FUSED_ROUTING_MIN_NODES, uses_fused_routing
+
+    small, large = torch.zeros(FUSED_ROUTING_MIN_NODES - 1, 4), torch.zeros(FUSED_ROUTING_MIN_NODES, 4)
+    assert not uses_fused_routing("auto", small) and uses_fused_routing("auto", large)
+    assert uses_fused_routing("fused", small) and not uses_fused_routing("sparse", large)
+    with pytest.raises(ValueError, match="unknown routing kernel"):
+        NeighbourhoodRouting(2, 2, kernel="dense")
+    with pytest.raises(ValueError, match="routing-kernel"):
+        FedIIHOptions.from_config({"fediih-routing-kernel": "dense"})
+
+
+def test_trainer_on_a_large_client_trains_the_same_with_either_kernel():
+    """Above the threshold ``auto`` takes the fused kernel; without dropout (the fused
+    path draws other masks) a round's losses and upload equal the sparse kernels' to
+    rounding."""
+    from fedgraph_flwr.nn.disengcn import FUSED_ROUTING_MIN_NODES
+
+    data = random_graph(FUSED_ROUTING_MIN_NODES, p=0.0008)
+    config = {**SMALL, "dropout": 0.0, "local-epochs": 1}
+    results = []
+    for kernel in ("auto", "sparse"):
+        trainer = FedIIHTrainer(data, {**config, "fediih-routing-kernel": kernel}, 3, CPU)
+        metrics = trainer.train(2)
+        results.append((metrics, trainer.upload(), trainer.signature()))
+    (fused_metrics, fused_up, fused_sig), (sparse_metrics, sparse_up, sparse_sig) = results
+    assert fused_metrics["train_loss"] == pytest.approx(sparse_metrics["train_loss"], rel=1e-5)
+    for key in fused_up:
+        np.testing.assert_allclose(fused_up[key], sparse_up[key], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(fused_sig["mu"], sparse_sig["mu"], rtol=1e-4, atol=1e-6)
+
+
 def test_routing_layer_mapping():
     assert [routing_layer_split(L) for L in (1, 2, 3, 4, 6)] == [(1, 1), (1, 1), (1, 2), (2, 2), (4, 2)]
 

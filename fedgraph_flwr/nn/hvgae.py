@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.utils import coalesce, to_dense_adj
 
-from .disengcn import LEAKY_SLOPE, NeighbourhoodRouting
+from .disengcn import NeighbourhoodRouting, activation, uses_fused_routing
 
 SIGMA2_H = 0.25  # prior variance of p(H̃^k | α^k) and of the α̂/α̃ KL (released code)
 SIGMA2_ALPHA = 1.0  # prior variance of p(α^k)
@@ -40,22 +40,26 @@ class VariationalRoutingBranches(nn.Module):
     """
 
     def __init__(self, num_factors: int, num_layers: int, iterations: int,
-                 dropout: float = 0.0, routing_tau: float = 1.0) -> None:
+                 dropout: float = 0.0, routing_tau: float = 1.0,
+                 routing_kernel: str = "auto") -> None:
         super().__init__()
         self.num_factors = num_factors
         self.dropout = dropout
+        self.routing_kernel = routing_kernel
         self.mu_layers = nn.ModuleList(
-            NeighbourhoodRouting(num_factors, iterations, routing_tau) for _ in range(num_layers))
+            NeighbourhoodRouting(num_factors, iterations, routing_tau, routing_kernel)
+            for _ in range(num_layers))
         self.logvar_layers = nn.ModuleList(
-            NeighbourhoodRouting(num_factors, iterations, routing_tau) for _ in range(num_layers))
+            NeighbourhoodRouting(num_factors, iterations, routing_tau, routing_kernel)
+            for _ in range(num_layers))
 
     def reset_parameters(self) -> None:
         """Nothing to reset: routing has no parameters."""
 
     def _branch(self, layers: nn.ModuleList, h: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        fused = uses_fused_routing(self.routing_kernel, h)
         for layer in layers:
-            h = F.dropout(F.leaky_relu(layer(h, edge_index), LEAKY_SLOPE),
-                          p=self.dropout, training=self.training)
+            h = activation(layer(h, edge_index), self.dropout, self.training, fused)
         return h.view(h.size(0), self.num_factors, -1)
 
     def forward(self, h: torch.Tensor, edge_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
