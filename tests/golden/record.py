@@ -1,11 +1,13 @@
 """Record the engine's golden figures: Cora-10, 5 rounds, seed 0, CPU, in process.
 
-    python tests/golden/record.py --data-root <root holding Cora/raw>
+    python tests/golden/record.py --data-root <root holding Cora/raw> [--out cora10.host-c.json]
 
-writes ``tests/golden/cora10.json``. One torch thread, as a simulated ClientApp has: the
-in-process and the simulated figures are then the same bits. Run it only to *change* the golden figures on
-purpose (an algorithm's numbers moved for a reason stated in the commit); a refactor
-must leave them bit for bit (``tests/test_golden.py``).
+writes ``tests/golden/cora10.json`` (or ``--out``: the same code's figures on another kind
+of CPU, whose kernels round differently; ``tests/test_golden.py`` accepts any file here).
+One torch thread, as a simulated ClientApp has: the in-process and the simulated figures
+are then the same bits. Run it only to *change* the golden figures on purpose (an
+algorithm's numbers moved for a reason stated in the commit), or to add a host kind's
+file from unchanged code; a refactor must leave them bit for bit (``tests/test_golden.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
+    parser.add_argument("--out", default="cora10.json", help="file name under tests/golden/")
     args = parser.parse_args()
     golden = {}
     with tempfile.TemporaryDirectory() as out:
@@ -56,7 +59,7 @@ def main() -> None:
             golden[algorithm] = figures(run_federation(config(algorithm, args.data_root, out),
                                                        write=False))
             print(algorithm, golden[algorithm]["final"])
-    (HERE / "cora10.json").write_text(json.dumps(golden, indent=1) + "\n")
+    (HERE / args.out).write_text(json.dumps(golden, indent=1) + "\n")
 
 
 if __name__ == "__main__":
