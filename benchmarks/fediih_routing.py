@@ -1,10 +1,12 @@
-"""FedIIH's neighbourhood routing: sparse CSR kernels vs the gather/scatter form.
+"""FedIIH's neighbourhood routing: the fused and sparse CSR kernels vs the gather form.
 
 One routing layer (T iterations) on a random graph of ``n`` nodes and average degree
 ``deg``, with K factors of width d_k: forward without autograd (Step B and
-evaluation) and forward + backward (Step A). ``csr`` is the library's layer
-(:mod:`fedgraph_flwr.nn.factor_graph`); ``gather`` is the same routing written with
-``z[src]`` gathers and a scatter-add over [m, K, d_k] tensors, the form it replaced.
+evaluation) and forward + backward (Step A). ``csr`` is the layer's sparse kernels
+(``kernel="sparse"``, :mod:`fedgraph_flwr.nn.factor_graph`); ``fused`` its fused CPU
+kernel (``kernel="fused"``, :mod:`fedgraph_flwr.nn.fused_routing`, what ``auto`` takes
+from 4,097 nodes); ``gather`` is the same routing written with ``z[src]`` gathers and a
+scatter-add over [m, K, d_k] tensors, the form the sparse kernels replaced.
 
     python benchmarks/fediih_routing.py                 # the default cases below
     python benchmarks/fediih_routing.py --cases 1000:8:6:256 --iters 6
@@ -22,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# n:deg:K:d_k. Minesweeper-10 and Cora-10 client sizes with their spec §6 widths,
-# and a larger client.
-DEFAULT_CASES = ["1000:8:6:256", "250:4:2:128", "20000:10:4:64"]
+# n:deg:K:d_k. Minesweeper-10 and Cora-10 client sizes with their spec §6 widths, a
+# larger client, and an arxiv-size client at 10 clients (configs/scale: K = 2, d_k = 128).
+DEFAULT_CASES = ["1000:8:6:256", "250:4:2:128", "20000:10:4:64", "16441:13:2:128"]
 
 
 def gather_routing(x, edge_index, k: int, iters: int, tau: float = 1.0):
@@ -51,11 +53,13 @@ def bench_case(n: int, deg: int, k: int, d: int, iters: int, repeats: int) -> li
     gen = torch.Generator().manual_seed(0)
     edge_index = to_undirected(torch.randint(0, n, (2, n * deg // 2), generator=gen), num_nodes=n)
     x = torch.randn(n, k * d, generator=gen, requires_grad=True)
-    layer = NeighbourhoodRouting(k, iters)
-    forms = {"csr": lambda: layer(x, edge_index), "gather": lambda: gather_routing(x, edge_index, k, iters)}
+    sparse = NeighbourhoodRouting(k, iters, kernel="sparse")
+    fused = NeighbourhoodRouting(k, iters, kernel="fused")
+    forms = {"csr": lambda: sparse(x, edge_index), "fused": lambda: fused(x, edge_index),
+             "gather": lambda: gather_routing(x, edge_index, k, iters)}
 
     def timed(fn) -> float:
-        fn()  # warm-up (and the factor graph's one-off construction for csr)
+        fn()  # warm-up (the graphs' one-off construction; numba's compile or cache load)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -161,26 +161,6 @@ def test_fused_routing_equals_the_sparse_kernels_forward_and_gradient(tau):
     assert torch.autograd.gradcheck(lambda t: fused_routing(t, ring, 2, 3, 0.8), (small,))
 
 
-def test_fused_routing_does_not_depend_on_the_thread_count():
-    import numba
-
-    torch.manual_seed(4)
-    n, k, d = 500, 2, 16
-    edge_index = to_undirected(erdos_renyi_graph(n, 0.02))
-    x = torch.randn(n, k * d, requires_grad=True)
-    results = []
-    threads = torch.get_num_threads()
-    try:
-        for t in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
-            torch.set_num_threads(t)
-            out = NeighbourhoodRouting(k, iterations=3, kernel="fused")(x, edge_index)
-            results.append((out.detach(), torch.autograd.grad(out.square().mul(x).sum(), x)[0]))
-    finally:
-        torch.set_num_threads(threads)
-    for out, grad in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
-
-
 def test_auto_kernel_routes_large_cpu_graphs_fused_and_small_ones_sparse():
     from fedgraph_flwr.nn.disengcn import FUSED_ROUTING_MIN_NODES, uses_fused_routing
 
