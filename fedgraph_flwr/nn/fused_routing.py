@@ -16,8 +16,7 @@ weighted additions, then u's K blocks are normalised in place. The backward pass
 targets (gradients of the dots and of c_u's previous value), one over sources
 along the transposed CSR (the gradient reaching z_v), so every row is written by
 one loop iteration only, with no scatter. The kernels are single-threaded (see
-below); on a 16k-node client a routing layer's forward and backward take 44 ms per
-iteration against 150 ms for the sparse path.
+below). Timings: ``benchmarks/fediih_routing.py`` and docs/performance.md.
 
 Sums run in another order than the sparse path's (dot products are vectorised),
 so results agree to rounding, not bit for bit; that is why the sparse path stays
@@ -270,6 +269,8 @@ class FusedRouting(Function):
                 iterations: int, tau: float) -> torch.Tensor:
         out, ctx.saved = _route(x, graph, num_factors, iterations, tau, keep=True)
         ctx.graph = graph
+        # A view of the last saved state; torch refuses in-place changes to a custom
+        # Function's view output, so the state stays what backward expects.
         return torch.from_numpy(out).view(x.shape)
 
     @staticmethod
