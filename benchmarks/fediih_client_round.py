@@ -8,8 +8,10 @@ clients (the partition is cached under ``--data-root``), built as a ClientApp bu
 (``restore_trainer``), then ``--rounds`` times what a round asks of it: ``train``
 (``local-epochs`` = 2: Step A and Step B each twice) and ``evaluate``, in one process on
 one thread. The first round (numba's compile or cache load, the graphs' construction) is
-not counted. Each kernel runs in a fresh subprocess, so the two do not share caches or
-allocator state. Prints a table and one JSON line per kernel
+not counted in the timings; every round's training loss and validation accuracy are
+reported too (the client alone: no server between its rounds). Each kernel runs in a
+fresh subprocess, so the two share no caches or allocator state. Prints a table and one
+JSON line per kernel
 (``{"benchmark": "fediih_client_round", ...}``).
 """
 
@@ -41,19 +43,20 @@ def one_kernel(kernel: str, clients: int, rounds: int, data_root: str) -> dict:
     trainer = restore_trainer(data, num_classes, {**config, "server-round": 1}, None,
                               torch.device("cpu"), 0)
     torch.manual_seed(0)
-    train_s, eval_s, losses = [], [], []
+    train_s, eval_s, losses, val = [], [], [], []
     for _ in range(rounds + 1):
         t0 = time.perf_counter()
         metrics = trainer.train(int(config["local-epochs"]))
         t1 = time.perf_counter()
-        trainer.evaluate()
+        evaluation = trainer.evaluate()
         train_s.append(t1 - t0)
         eval_s.append(time.perf_counter() - t1)
         losses.append(metrics["train_loss"])
+        val.append(evaluation["val_metric"])
     return {"benchmark": "fediih_client_round", "kernel": kernel, "clients": clients,
             "nodes": int(data.num_nodes), "edges": int(data.edge_index.size(1)),
             "train_s": statistics.median(train_s[1:]), "evaluate_s": statistics.median(eval_s[1:]),
-            "train_losses": losses}
+            "train_losses": losses, "val_accuracy": val}
 
 
 def main() -> None:
