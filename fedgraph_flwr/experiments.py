@@ -24,9 +24,9 @@ which runs of that cell differ (ablation switches).
 
 Cells whose ``results.json`` exists are skipped (resumable), unless it was saved with a
 different config than the grid now resolves to (a default changed, or a switch added
-since whose default is not what the run did) or cannot be read: such a run is moved
-under ``stale/`` and re-run. ``--engine flower``
-runs each cell as a Flower simulation; the default ``inprocess`` runs the same
+since whose default is not what the run did), cannot be read, or stopped before its last
+round (a memory-guard or fail-fast abort): such a run is moved under ``stale/`` and re-run.
+``--engine flower`` runs each cell as a Flower simulation; the default ``inprocess`` runs the same
 client and server code without messaging (identical numbers, see
 tests/test_engine.py), which is what a sweep on one machine wants.
 """
@@ -122,15 +122,19 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             cfg = resolve_config(None, overrides)
             if target.is_file():
                 try:
-                    changed: list[str] | None = stale_keys(
-                        json.loads(target.read_text())["config"], cfg)
+                    saved = json.loads(target.read_text())
+                    changed: list[str] | None = stale_keys(saved["config"], cfg)
+                    stopped = stopped_after(saved)
                 except (ValueError, KeyError, TypeError):  # not a results.json we can read
-                    changed = None
-                if changed == []:
+                    changed, stopped = None, None
+                if changed == [] and stopped is None:
                     progress.advance(cells)
                     continue
+                # A run cut short (memory guard, fail-fast) is re-run from round 1, not
+                # resumed: with client-state=context a resume restarts the clients' state.
                 why = ("its results.json is unreadable" if changed is None else
-                       f"saved with different {', '.join(changed)} than this grid now asks for")
+                       f"saved with different {', '.join(changed)} than this grid now asks for"
+                       if changed else f"it stopped after round {stopped} of {cfg['rounds']}")
                 moved = move_aside(target.parent, out / "stale")
                 progress.console.print(f"[yellow]{overrides['run-name']}: {why}; re-running "
                                        f"(old run kept in {moved})")
@@ -225,6 +229,13 @@ def move_aside(run_dir: Path, stale_root: Path) -> Path:
     return dest
 
 
+def stopped_after(res: dict[str, Any]) -> int | None:
+    """The last round a results.json recorded, if the run stopped before its ``rounds``
+    (an abort writes the rounds it reached); None for a finished run."""
+    last = res["rounds"][-1]["round"] if res["rounds"] else 0
+    return int(last) if int(last) < int(res["config"]["rounds"]) else None
+
+
 def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     """results.json files under ``out`` grouped by cell.
 
@@ -233,8 +244,9 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     of those keys is appended as ``|key=value`` so ablations never merge with the main
     method's seeds. A key a run's results.json lacks (written before the key existed)
     is read by :func:`saved_config`. Runs moved aside under ``out/stale`` are not read,
-    nor is a results.json that cannot be parsed (a run cut off mid-write): it is named on
-    stderr and left for ``run`` to move aside and redo.
+    nor is a results.json that cannot be parsed (a run cut off mid-write) or one of a run
+    that stopped before its last round (an abort): each is named on stderr and left for
+    ``run`` to move aside and redo.
     """
     results = []
     for path in sorted(out.glob("*/results.json")):
@@ -244,6 +256,12 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
         except (ValueError, KeyError, TypeError) as exc:
             print(f"fedgraph-experiments: skipping unreadable {path} ({type(exc).__name__}: {exc}); "
                   "`fedgraph-experiments run` on its grid redoes it", file=sys.stderr)
+            continue
+        stopped = stopped_after(res)
+        if stopped is not None:
+            print(f"fedgraph-experiments: skipping {path}: it stopped after round {stopped} of "
+                  f"{res['config']['rounds']}; `fedgraph-experiments run` on its grid redoes it",
+                  file=sys.stderr)
             continue
         results.append(res)
     return group_cells(results)

@@ -17,6 +17,7 @@ from fedgraph_flwr.experiments import (
     load_grid,
     main,
     run_grid,
+    run_name,
     saved_config,
     seed_mean_curve_at_best_val,
     stale_keys,
@@ -185,6 +186,30 @@ def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path, cap
     run_grid(spec, tmp_path / "exp", None, "inprocess", {})
     assert json.loads(fedavg_path.read_text())["config"]["algorithm"] == "fedavg"
     assert (out / "stale" / fedavg_path.parent.name / "results.json").read_text() == "{not json"
+
+
+def test_a_run_cut_short_is_not_tabulated_and_is_rerun(tmp_path, capsys):
+    from fedgraph_flwr.engine.driver import RunAborted
+
+    spec = dict(_spec(tmp_path), grid={"algorithm": ["fedavg"]}, seeds=[0])
+    # The memory guard stops the run in round 1, as when memory fills up (memory-limit
+    # does not change numbers, so the saved config still matches the grid's; the folder
+    # takes the name the grid gives the run): results.json holds that round only.
+    with pytest.raises(RunAborted, match="memory guard"):
+        run_grid(spec, tmp_path / "exp", None, "inprocess", {"memory-limit": 1e-9})
+    out = tmp_path / "exp" / spec["name"]
+    path = out / run_name(expand(spec)[0]) / "results.json"
+    next(out.glob("fedavg-*/results.json")).parent.rename(path.parent)
+    assert [r["round"] for r in json.loads(path.read_text())["rounds"]] == [1]
+    capsys.readouterr()
+    assert collect(out) == {}
+    assert "stopped after round 1 of 2" in capsys.readouterr().err
+
+    # Running the grid again redoes it from round 1, keeping the cut-short run aside.
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert [r["round"] for r in json.loads(path.read_text())["rounds"]] == [1, 2]
+    assert (out / "stale" / path.parent.name / "results.json").is_file()
+    assert sum(len(v) for v in collect(out).values()) == 1
 
 
 def test_seed_mean_curve_picks_one_round_for_all_runs():
