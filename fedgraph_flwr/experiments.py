@@ -37,6 +37,7 @@ import argparse
 import csv
 import itertools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,37 @@ def run_name(overrides: dict[str, Any]) -> str:
     return base
 
 
+class PlainLog:
+    """Progress as plain lines when stdout is no terminal (``nohup ... > log``), where
+    rich's bar draws nothing: a cell's start and end, its rounds at most every
+    ``every_s`` seconds (and its first and last), and every other engine message
+    (a failed client, a void round) as it comes."""
+
+    ROUND = re.compile(r"round (\d+)/(\d+):")
+
+    def __init__(self, cell: str, total: int, enabled: bool, every_s: float = 30.0) -> None:
+        self.cell, self.total, self.enabled, self.every_s = cell, total, enabled, every_s
+        self.t0 = self.last = time.monotonic()
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            print(f"{time.strftime('%H:%M:%S')} {self.cell}: {text} "
+                  f"({time.monotonic() - self.t0:.0f}s)", flush=True)
+
+    def on_message(self, msg: str) -> int | None:
+        """The round a round-summary message completes (None for other messages)."""
+        match = self.ROUND.match(msg)
+        now = time.monotonic()
+        if match is None:
+            self.say(msg)
+            return None
+        done = int(match.group(1))
+        if done in (1, self.total) or now - self.last >= self.every_s:
+            self.last = now
+            self.say(msg)
+        return done
+
+
 def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engine: str,
              extra: dict[str, Any]) -> Path:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -140,12 +172,14 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                                        f"(old run kept in {moved})")
             total = int(cfg["rounds"])
             progress.reset(rounds, total=total)
-            done = {"n": 0}
+            log = PlainLog(f"cell {i}/{len(runs)} {overrides['run-name']}", total,
+                           enabled=not progress.console.is_terminal)
+            log.say("started")
 
-            def on_round(msg: str, done: dict[str, int] = done) -> None:
-                if msg.startswith("round "):
-                    done["n"] += 1
-                    progress.update(rounds, completed=done["n"], description=msg[:60])
+            def on_round(msg: str, log: PlainLog = log) -> None:
+                done = log.on_message(msg)
+                if done is not None:
+                    progress.update(rounds, completed=done, description=msg[:60])
 
             if engine == "flower":
                 run_flower_cell(overrides)
@@ -153,6 +187,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                 from .engine.loop import run_federation
 
                 run_federation(overrides, log=on_round)
+            log.say("done")
             progress.advance(cells)
     write_tables(out, spec)
     return out

@@ -11,6 +11,7 @@ import yaml
 
 from fedgraph_flwr.config import ConfigError, resolve_config
 from fedgraph_flwr.experiments import (
+    PlainLog,
     best_test_round,
     collect,
     expand,
@@ -210,6 +211,32 @@ def test_a_run_cut_short_is_not_tabulated_and_is_rerun(tmp_path, capsys):
     assert [r["round"] for r in json.loads(path.read_text())["rounds"]] == [1, 2]
     assert (out / "stale" / path.parent.name / "results.json").is_file()
     assert sum(len(v) for v in collect(out).values()) == 1
+
+
+def test_run_grid_logs_plain_progress_lines_when_stdout_is_no_terminal(tmp_path, capsys):
+    # Under `nohup fedgraph-experiments run ... > log` rich's bar draws nothing; the log
+    # still says which cell runs, how far it is and when it ended.
+    spec = dict(_spec(tmp_path), grid={"algorithm": ["fedavg"]}, seeds=[0])
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    name = run_name(dict(expand(spec)[0], **{"output-dir": str(tmp_path / "exp" / "tiny")}))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if f"cell 1/1 {name}:" in ln]
+    said = [ln.split(f"{name}: ", 1)[1] for ln in lines]
+    assert said[0].startswith("started") and said[-1].startswith("done")
+    assert [s.split(":")[0] for s in said if s.startswith("round ")] == ["round 1/2", "round 2/2"]
+    assert any(s.startswith("results written to ") for s in said)
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})  # a finished cell is skipped quietly
+    assert f"cell 1/1 {name}: started" not in capsys.readouterr().out
+
+
+def test_plain_log_throttles_rounds_but_not_other_messages(capsys):
+    log = PlainLog("cell 1/1 x", total=5, enabled=True, every_s=3600)
+    assert [log.on_message(f"round {r}/5: mean val 1.00 test 1.00") for r in range(1, 6)] == [1, 2, 3, 4, 5]
+    assert log.on_message("round 3: client 2 failed: boom") is None
+    out = capsys.readouterr().out
+    assert "round 1/5" in out and "round 5/5" in out and "round 3/5" not in out
+    assert "client 2 failed: boom" in out
+    PlainLog("cell 1/1 x", total=5, enabled=False).say("hidden")
+    assert capsys.readouterr().out == ""
 
 
 def test_seed_mean_curve_picks_one_round_for_all_runs():
