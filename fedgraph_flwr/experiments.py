@@ -111,7 +111,7 @@ class PlainLog:
     ``every_s`` seconds (and its first and last), and every other engine message
     (a failed client, a void round) as it comes."""
 
-    ROUND = re.compile(r"round (\d+)/(\d+):")
+    ROUND = re.compile(r"round (\d+)/\d+:")
 
     def __init__(self, cell: str, total: int, enabled: bool, every_s: float = 30.0) -> None:
         self.cell, self.total, self.enabled, self.every_s = cell, total, enabled, every_s
