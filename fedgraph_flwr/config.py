@@ -230,6 +230,13 @@ def validate(config: Mapping[str, Any]) -> None:
                           f"valid: {', '.join(METIS_LIBRARIES)}")
     if config["partition"] == "files":
         _check_partition_dir(str(config["partition-dir"]), int(config["num-clients"]))
+    elif config["partition-dir"]:
+        # Otherwise the files would be silently ignored and the run trained on a new partition.
+        raise ConfigError(
+            f"partition-dir is set but partition={config['partition']} builds its own "
+            "partition and would ignore it: set partition=files to train on those client "
+            "files, or drop partition-dir"
+        )
     for key in ("rounds", "local-epochs", "num-clients", "hidden", "num-layers"):
         if config[key] <= 0:
             raise ConfigError(f"{key} must be positive, got {config[key]}")

@@ -36,6 +36,8 @@ def test_defaults_resolve():
         ({"fraction": 1.5}, "fraction must be in (0, 1]"),
         ({"rounds": "ten"}, "rounds='ten' is not a valid int"),
         ({"partition": "files"}, "partition=files needs partition-dir"),
+        ({"partition-dir": "outputs/partitions/x"},
+         "partition-dir is set but partition=metis builds its own partition"),
         ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
         ({"server-mix-dtype": "float16"}, "unknown server-mix-dtype 'float16'"),
         ({"metis-library": "metis5"}, "unknown metis-library 'metis5'; valid: pymetis, system"),
