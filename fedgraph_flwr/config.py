@@ -1,10 +1,11 @@
-"""Run configuration: defaults, YAML files, overrides, and validation before any training.
+"""Run configuration: typed, frozen settings resolved once, before any training.
 
-Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``. The
-single source of the defaults is :data:`COMMON_DEFAULTS` plus each registered
-algorithm's typed options (:mod:`fedgraph_flwr.algorithms.options`); the pyproject
-block is generated from them by ``python -m fedgraph_flwr.config --write-pyproject``
-(a test checks it is current).
+Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``; each is a
+field of :class:`ClientSettings` (what a client reads), :class:`ServerSettings` (what
+only the server reads) or of an algorithm's typed options
+(:mod:`fedgraph_flwr.algorithms.options`), each with its type, default, range and a
+one-line doc. The pyproject block is generated from them by
+``python -m fedgraph_flwr.config --write-pyproject`` (a test checks it is current).
 
 Precedence: defaults < ``config-file`` YAML < explicit run-config overrides. Flower
 hands the ServerApp the pyproject defaults merged with ``--run-config``, so a
@@ -12,111 +13,314 @@ run-config value counts as explicit when it differs from the default; every key 
 YAML file or of ``overrides`` is explicit. Explicitly setting an option of an
 algorithm other than ``algorithm`` is an error.
 
-The resolved config holds every key, other algorithms' at their defaults (as
-results.json files and checkpoints always have); :func:`client_config` is the part a
-client needs.
+:func:`resolve_config` returns a :class:`RunConfig` (the server's view: every common key
+plus the algorithm's options object); :meth:`RunConfig.client_config` is the
+:class:`ClientConfig` a client is sent (its keys, its algorithm's options and the
+round's facts, nothing else). Everything else reads these objects' attributes; only
+this module reads keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import os
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self, TypeVar
 
 import yaml
 
-from .algorithms import ALGORITHMS, get_algorithm
-from .algorithms.options import ConfigError, coerce  # ConfigError re-exported
+from .algorithms import ALGORITHMS, Algorithm, get_algorithm
+from .algorithms.options import ConfigError, Options, coerce, context, option  # ConfigError re-exported
+from .data.partition import METIS_LIBRARIES
+from .nn.personal_gnn import BACKBONES
 
-COMMON_DEFAULTS: dict[str, Any] = {
-    # what to run
-    "algorithm": "fedaux",
-    "dataset": "Cora",
-    "num-clients": 10,
-    "partition": "metis",
-    "partition-dir": "",
-    "partition-split": "auto",
-    "split-draw": 0,
-    # pymetis (bundled, 64-bit idx_t) | system (libmetis; Debian's 32-bit one = the reference's partitions)
-    "metis-library": "pymetis",
-    # normalized: row-normalised where the papers do (Planetoid, Amazon) | raw: never
-    "features": "normalized",
-    # keep only the largest connected component, where the dataset's papers do
-    "lcc": True,
-    "rounds": 100,
-    "local-epochs": 1,
-    "fraction": 1.0,
-    # model and optimiser
-    "lr": 0.01,
-    "weight-decay": 1e-6,
-    "hidden": 256,
-    "num-layers": 2,
-    "gnn": "gcn",  # backbone of the GCN-family baselines (Local, FedAvg, ...): gcn | sgc | sage
-    "dropout": 0.5,
-    "metric": "auto",
-    # seeds: model/training seed, and the data seeds of the papers' protocol
-    "seed": 0,
-    "split-seed": 1234,
-    # true: the train/val/test draw uses split-seed + seed (a new split per run seed, as
-    # FedSpray's official code); false: one split for every seed (the FED-PUB protocol)
-    "split-follows-seed": False,
-    "partition-seed": 1234,
-    # where things live
-    "data-root": "",
-    "output-dir": "outputs",
-    "run-name": "",
-    "config-file": "",
-    # engine behaviour
-    "round-timeout": 120.0,
-    "handshake-timeout": 600.0,
-    "min-clients": 0,
-    "fail-fast": False,
-    "resume": False,
-    "client-state": "context",
-    "client-state-dir": "",
-    "max-array-bytes": 512 * 1024 * 1024,
-    # a ClientApp refuses a phase when its machine's (or container's) memory is this full
-    # (Ray's OOM killer acts at 0.95); the run then stops with that one line. 0 = off
-    "memory-limit": 0.9,
-    # float64: the published numbers; float32 halves personalized mixing for many clients
-    "server-mix-dtype": "float64",
-    "verbose": True,
-}
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
 PARTITION_SPLITS = ("auto", "global", "per-client")
 FEATURES = ("normalized", "raw")
+METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 
 
-# The common keys a client reads (engine/client_runtime.py, client_app.py, data/,
-# algorithms/): what it loads, how it trains and where it keeps its state.
-CLIENT_KEYS = (
-    "algorithm",
-    # its data: dataset, partition and splits (data/partition.py, engine/client_runtime.py)
-    "dataset", "num-clients", "partition", "partition-dir", "partition-split", "split-draw",
-    "metis-library", "features", "lcc", "split-seed", "split-follows-seed", "partition-seed",
-    "data-root",
-    # its model and local training (algorithms/)
-    "seed", "local-epochs", "lr", "weight-decay", "hidden", "num-layers", "gnn", "dropout",
-    "metric",
-    # its state between rounds (client-state=file)
-    "client-state", "client-state-dir", "run-name",
-    # its memory guard
-    "memory-limit",
-)
+@dataclass(frozen=True)
+class ClientSettings(Options):
+    """The common keys a client reads: what it loads, how it trains, where it keeps state."""
+
+    # what it loads: dataset, partition and splits (data/partition.py, engine/client_runtime.py)
+    algorithm: str = option("fedaux", "the algorithm, by its registered name")
+    dataset: str = option("Cora", "dataset (name or alias; partition=files: a label only)")
+    num_clients: int = option(10, "number of clients K", low=1)
+    partition: str = option("metis", "how the graph is split into clients", choices=PARTITIONS)
+    partition_dir: str = option("", "partition=files: the folder of client_<i> files")
+    partition_split: str = option("auto", "train/val/test split: per partition (auto) or fixed",
+                                  choices=PARTITION_SPLITS)
+    split_draw: int = option(0, "extra RNG draws before the split (mirrors the reference code)",
+                             low=0)
+    metis_library: str = option("pymetis", "pymetis (bundled, 64-bit idx_t) | system (libmetis; "
+                                "Debian's 32-bit one = the reference's partitions)",
+                                choices=METIS_LIBRARIES)
+    features: str = option("normalized", "normalized: row-normalised where the papers do "
+                           "(Planetoid, Amazon) | raw: never", choices=FEATURES)
+    lcc: bool = option(True, "keep only the largest connected component, where the dataset's "
+                       "papers do")
+    split_seed: int = option(1234, "seed of the train/val/test draw")
+    split_follows_seed: bool = option(False, "true: the split uses split-seed + seed (FedSpray's "
+                                      "code); false: one split for every seed (FED-PUB)")
+    partition_seed: int = option(1234, "seed of the partition")
+    data_root: str = option("", "where datasets and partitions live (else FEDGRAPH_DATA_ROOT, "
+                            "else the user cache)")
+    # how it trains (algorithms/)
+    seed: int = option(0, "model and training seed")
+    local_epochs: int = option(1, "local epochs per round", low=1)
+    lr: float = option(0.01, "learning rate", low=0.0, low_inclusive=False)
+    weight_decay: float = option(1e-6, "weight decay", low=0.0)
+    hidden: int = option(256, "hidden width", low=1)
+    num_layers: int = option(2, "GNN layers", low=1)
+    gnn: str = option("gcn", "backbone of the GCN-family baselines (Local, FedAvg, ...)",
+                      choices=BACKBONES)
+    dropout: float = option(0.5, "dropout", low=0.0, high=1.0, high_inclusive=False)
+    metric: str = option("auto", "auto: the dataset's (accuracy, or ROC-AUC for binary)",
+                         choices=METRICS)
+    # its state between rounds and its memory guard
+    client_state: str = option("context", "where a client keeps its state between rounds: "
+                               "Flower's context | a file", choices=CLIENT_STATE_MODES)
+    client_state_dir: str = option("", "client-state=file: the folder (else "
+                                   "<data-root>/client-state/<run-name>)")
+    run_name: str = option("", "output folder name (else algorithm-dataset-partitionK-seedS)")
+    memory_limit: float = option(0.9, "a client refuses a phase when memory is this full "
+                                 "(Ray's OOM killer acts at 0.95); 0 = off",
+                                 low=0.0, high=1.0, high_inclusive=False)
+
+    @property
+    def algorithm_entry(self) -> Algorithm:
+        """The registered algorithm (trainer, aggregator, options class)."""
+        return get_algorithm_or_fail(self.algorithm)
+
+    @property
+    def data_root_path(self) -> Path:
+        """``data-root`` if set, else env FEDGRAPH_DATA_ROOT, else a user cache dir."""
+        if self.data_root:
+            return Path(self.data_root).expanduser()
+        env = os.environ.get("FEDGRAPH_DATA_ROOT")
+        if env:
+            return Path(env).expanduser()
+        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedgraph-flwr"
+
+    @property
+    def data_root_source(self) -> str:
+        """Where :attr:`data_root_path` came from, in words (for error messages)."""
+        if self.data_root:
+            return "data root from run-config data-root"
+        if os.environ.get("FEDGRAPH_DATA_ROOT"):
+            return "data root from env FEDGRAPH_DATA_ROOT"
+        return "the default data root: neither data-root nor FEDGRAPH_DATA_ROOT is set here"
+
+
+@dataclass(frozen=True)
+class ServerSettings(Options):
+    """The common keys only the server reads: the rounds, sampling, timeouts and outputs."""
+
+    rounds: int = option(100, "federated rounds", low=1)
+    fraction: float = option(1.0, "share of the clients sampled each round", low=0.0, high=1.0,
+                             low_inclusive=False)
+    output_dir: str = option("outputs", "where run folders are written")
+    config_file: str = option("", "a YAML file of run-config keys (below explicit ones)")
+    round_timeout: float = option(120.0, "seconds a round may take", low=0.0, low_inclusive=False)
+    handshake_timeout: float = option(600.0, "seconds to wait for every client to answer the "
+                                      "handshake", low=0.0, low_inclusive=False)
+    min_clients: int = option(0, "fewest valid replies a round needs (0 = 1)", low=0)
+    fail_fast: bool = option(False, "stop the run at a client's first failure")
+    resume: bool = option(False, "continue from the run folder's checkpoint")
+    max_array_bytes: int = option(512 * 1024 * 1024, "largest reply a client may send (bytes)",
+                                  low=1)
+    server_mix_dtype: str = option("float64", "float64: the published numbers; float32 halves "
+                                   "personalized mixing for many clients", choices=MIX_DTYPES)
+    verbose: bool = option(True, "log each round")
+
+
+class _WithOptions:
+    """The typed access to an algorithm's options, shared by the client's and server's configs."""
+
+    algorithm: str
+    options: Options
+
+    def options_of(self, kind: type[OptionsT]) -> OptionsT:
+        """The algorithm's options as ``kind`` (one line if this run's algorithm has others)."""
+        if not isinstance(self.options, kind):
+            raise ConfigError(f"algorithm={self.algorithm} has {type(self.options).__name__}, "
+                              f"not {kind.__name__}")
+        return self.options
+
+
+def _options_of(algorithm: str, config: Mapping[str, Any]) -> Options:
+    return get_algorithm_or_fail(algorithm).options.from_config(config)
+
+
+@dataclass(frozen=True)
+class ClientConfig(ClientSettings, _WithOptions):
+    """What a client is sent: :class:`ClientSettings`, its algorithm's options, and the
+    facts of this round (set by the engine, not run-config keys)."""
+
+    options: Options = context(Options, "the algorithm's typed options")
+    server_round: int = context(0, "this round (0: the phases before round 1)")
+    num_classes_global: int = context(0, "classes over all clients (the handshake's)")
+    num_features_global: int = context(0, "feature width (the handshake's)")
+    client_state_token: str = context("", "names this run's client-state files")
+    client_state_expected: str = context("", "client-state=file: where the server knows this "
+                                         "client's last state to be ('<round>:<place>')")
+    partition_id: int = context(-1, "this client's partition (-1: not known)")
+
+    #: The round facts' wire keys and types (the settings' keys are their names, kebab-case).
+    ROUND_KEYS: ClassVar[dict[str, tuple[str, type]]] = {
+        "server-round": ("server_round", int), "num-classes-global": ("num_classes_global", int),
+        "num-features-global": ("num_features_global", int),
+        "client-state-token": ("client_state_token", str),
+        "client-state-expected": ("client_state_expected", str),
+        "partition-id": ("partition_id", int)}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _attach_options(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Self:
+        """A client's config from a message's (or a test's) key/value mapping: missing
+        keys default; the algorithm's options come from their own keys."""
+        fields = {f.name: config[f.key] for f in cls._fields() if f.key in config}
+        fields.update({name: coerce(key, config[key], kind)
+                       for key, (name, kind) in cls.ROUND_KEYS.items() if key in config})
+        algorithm = str(config.get("algorithm", ClientSettings.algorithm))
+        return cls(**fields, options=_options_of(algorithm, config))
+
+    def to_config(self) -> dict[str, Any]:
+        """The wire form: the settings' keys, the algorithm's options and the round facts."""
+        out = super().to_config()
+        out.update(self.options.to_config())
+        # Round facts at their defaults stay off the wire (a client is sent what it needs).
+        out.update({key: getattr(self, name) for key, (name, _) in self.ROUND_KEYS.items()
+                    if getattr(self, name) != _ROUND_DEFAULTS[name]})
+        return out
+
+    def with_keys(self, keys: Mapping[str, Any]) -> Self:
+        """This config with some run-config keys (or round facts) replaced, checked again; a
+        new ``algorithm`` takes its options from ``keys`` (the others' keys are ignored)."""
+        return type(self).from_config({**ClientConfig.to_config(self), **keys})
+
+    def without_round_facts(self) -> Self:
+        """This config with every round fact at its default: what may shape a model, the
+        same for every client and round (a cache key)."""
+        return dataclasses.replace(self, **_ROUND_DEFAULTS)
+
+    def with_round(self, **facts: Any) -> Self:
+        """This config with round facts replaced (``server_round=3``, ``partition_id=1``)."""
+        return dataclasses.replace(self, **facts)
+
+
+@dataclass(frozen=True)
+class RunConfig(ServerSettings, ClientConfig):
+    """The server's resolved run configuration: every common key and the algorithm's options.
+
+    It is a :class:`ClientConfig` too (its round facts at their defaults), so the server
+    builds the initial model from it as a client would; what a client is sent is
+    :meth:`client_config`, nothing of :class:`ServerSettings`.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.options.check_run(self)
+
+    def check(self) -> None:
+        """The checks across keys, and those that look at files, made once on the server."""
+        if self.partition != "files":
+            from .data.datasets import canonical_name  # local import: heavy PyG modules
+
+            try:
+                canonical_name(self.dataset)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.partition == "metis-overlapping" and self.num_clients % 5:
+            raise ConfigError(f"partition=metis-overlapping needs num-clients divisible by 5 "
+                              f"(5 clients per METIS part), got {self.num_clients}")
+        if self.partition == "files":
+            _check_partition_dir(self.partition_dir, self.num_clients)
+        elif self.partition_dir:
+            # Otherwise the files would be silently ignored and the run trained on a new partition.
+            raise ConfigError(
+                f"partition-dir is set but partition={self.partition} builds its own "
+                "partition and would ignore it: set partition=files to train on those client "
+                "files, or drop partition-dir"
+            )
+        if self.min_clients > self.num_clients:
+            raise ConfigError(f"min-clients must be in [0, num-clients={self.num_clients}], "
+                              f"got {self.min_clients}")
+        if not RUN_NAME.fullmatch(self.run_name):
+            raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
+
+    def to_config(self) -> dict[str, Any]:
+        """``{key: value}``: the common keys, then the algorithm's (results.json, checkpoints)."""
+        return {**Options.to_config(self), **self.options.to_config()}
+
+    def all_keys(self) -> dict[str, Any]:
+        """Every key: this run's, plus every other algorithm's options at their defaults (as
+        results.json files and checkpoints have always held)."""
+        out = all_defaults()
+        out.update(self.to_config())
+        return out
+
+    def replace(self, **changes: Any) -> Self:
+        """This config with some fields replaced (field names, ``run_name=...``), checked again."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def resolved_run_name(self) -> str:
+        """``run-name``, else a readable, deterministic name: algorithm-dataset-partitionK-seedS."""
+        return self.run_name or (f"{self.algorithm}-{self.dataset}-{self.partition}"
+                                 f"{self.num_clients}-seed{self.seed}")
+
+    def client_config(self, **facts: Any) -> ClientConfig:
+        """What a client is sent: its settings, the algorithm's options, and ``facts``
+        (round facts as :class:`ClientConfig` field names)."""
+        settings = {f.name: getattr(self, f.name) for f in ClientSettings._fields()}
+        return ClientConfig(**settings, options=self.options, **facts)
+
+
+_ROUND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ClientConfig)
+                   if "context" in f.metadata and f.name != "options"}
+
+
+def _attach_options(config: ClientConfig | RunConfig) -> None:
+    """Default ``options`` to the algorithm's defaults; refuse another algorithm's."""
+    kind = get_algorithm_or_fail(config.algorithm).options
+    if type(config.options) is Options and kind is not Options:
+        object.__setattr__(config, "options", kind())
+    elif type(config.options) is not kind:
+        raise ConfigError(f"algorithm={config.algorithm} takes {kind.__name__}, "
+                          f"not {type(config.options).__name__}")
+
+
+def common_defaults() -> dict[str, Any]:
+    """``{key: default}`` of the common keys (client keys, then server keys)."""
+    return {**ClientSettings.defaults(), **ServerSettings.defaults()}
+
+
+def client_keys() -> tuple[str, ...]:
+    """The common keys a client is sent."""
+    return ClientSettings.keys()
 
 
 def all_defaults() -> dict[str, Any]:
     """Common defaults plus every registered algorithm's own keys (registration order)."""
-    out = dict(COMMON_DEFAULTS)
+    out = common_defaults()
     for algo in ALGORITHMS.values():
         for key, value in algo.config_defaults.items():
             if key in out:
@@ -147,8 +351,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def resolve_config(
     run_config: Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Merge defaults, the YAML ``config-file`` and overrides; validate; return a dict.
+) -> RunConfig:
+    """Merge defaults, the YAML ``config-file`` and overrides; validate; return a :class:`RunConfig`.
 
     ``run_config`` is Flower's ``context.run_config``; ``overrides`` are applied
     last (used by tests and the experiment runner). Every problem is one
@@ -170,21 +374,15 @@ def resolve_config(
             if key not in defaults:
                 raise ConfigError(f"config-file {config_file}: " + _unknown_key(key, defaults))
             from_file[key] = value
-    config = {**defaults, **from_file, **explicit}
-    for key in COMMON_DEFAULTS:
-        config[key] = coerce(key, config[key], type(COMMON_DEFAULTS[key]))
-    algo = get_algorithm_or_fail(config["algorithm"])
+    merged = {**defaults, **from_file, **explicit}
+    algorithm = get_algorithm_or_fail(str(merged["algorithm"]))
     owners = option_owners()
     for where, keys in ((f"config-file {config_file}: ", from_file), ("", explicit)):
         for key in keys:
-            if owners.get(key, algo.name) != algo.name:
+            if owners.get(key, algorithm.name) != algorithm.name:
                 raise ConfigError(f"{where}{key} is an option of {owners[key]}, not of "
-                                  f"algorithm={algo.name}")
-    options = algo.options.from_config(config)
-    config.update(options.to_config())
-    validate(config)
-    options.check_run(config)
-    return config
+                                  f"algorithm={algorithm.name}")
+    return RunConfig.from_config(merged)
 
 
 def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
@@ -192,85 +390,6 @@ def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:
     if close:
         return f"unknown config key {key!r}; did you mean {close[0]!r}?"
     return f"unknown config key {key!r}; valid keys: {', '.join(sorted(defaults))}"
-
-
-def client_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What a client needs of a resolved config: :data:`CLIENT_KEYS` plus the algorithm's own
-    options, nothing else (the engine adds its per-round keys on top)."""
-    algo = get_algorithm_or_fail(str(config["algorithm"]))
-    return {key: config[key] for key in (*CLIENT_KEYS, *algo.options.keys())}
-
-
-def validate(config: Mapping[str, Any]) -> None:
-    """Check everything that can be checked without data; raise ConfigError."""
-    get_algorithm_or_fail(config["algorithm"])
-    from .data.datasets import canonical_name  # local import: data pulls in heavy PyG modules
-
-    if config["partition"] != "files":
-        try:
-            canonical_name(str(config["dataset"]))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    if config["partition-split"] not in PARTITION_SPLITS:
-        raise ConfigError(f"unknown partition-split {config['partition-split']!r}; "
-                          f"valid: {', '.join(PARTITION_SPLITS)}")
-    if config["features"] not in FEATURES:
-        raise ConfigError(f"unknown features {config['features']!r}; valid: {', '.join(FEATURES)}")
-    if config["partition"] == "metis-overlapping" and config["num-clients"] % 5:
-        raise ConfigError(f"partition=metis-overlapping needs num-clients divisible by 5 "
-                          f"(5 clients per METIS part), got {config['num-clients']}")
-    if config["partition"] not in PARTITIONS:
-        raise ConfigError(
-            f"unknown partition {config['partition']!r}; valid: {', '.join(PARTITIONS)}"
-        )
-    from .data.partition import METIS_LIBRARIES
-
-    if config["metis-library"] not in METIS_LIBRARIES:
-        raise ConfigError(f"unknown metis-library {config['metis-library']!r}; "
-                          f"valid: {', '.join(METIS_LIBRARIES)}")
-    if config["partition"] == "files":
-        _check_partition_dir(str(config["partition-dir"]), int(config["num-clients"]))
-    elif config["partition-dir"]:
-        # Otherwise the files would be silently ignored and the run trained on a new partition.
-        raise ConfigError(
-            f"partition-dir is set but partition={config['partition']} builds its own "
-            "partition and would ignore it: set partition=files to train on those client "
-            "files, or drop partition-dir"
-        )
-    for key in ("rounds", "local-epochs", "num-clients", "hidden", "num-layers"):
-        if config[key] <= 0:
-            raise ConfigError(f"{key} must be positive, got {config[key]}")
-    for key in ("lr", "round-timeout", "handshake-timeout"):
-        if not config[key] > 0:
-            raise ConfigError(f"{key} must be positive, got {config[key]}")
-    if config["weight-decay"] < 0:
-        raise ConfigError(f"weight-decay must be >= 0, got {config['weight-decay']}")
-    if not 0.0 <= config["memory-limit"] < 1.0:
-        raise ConfigError(f"memory-limit must be in [0, 1) (0 = off), got {config['memory-limit']}")
-    if not 0.0 <= config["dropout"] < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {config['dropout']}")
-    if not 0.0 < config["fraction"] <= 1.0:
-        raise ConfigError(f"fraction must be in (0, 1], got {config['fraction']}")
-    if config["min-clients"] < 0 or config["min-clients"] > config["num-clients"]:
-        raise ConfigError(
-            f"min-clients must be in [0, num-clients={config['num-clients']}], "
-            f"got {config['min-clients']}"
-        )
-    from .nn.personal_gnn import BACKBONES
-
-    if config["gnn"] not in BACKBONES:
-        raise ConfigError(f"unknown gnn {config['gnn']!r}; valid: {', '.join(BACKBONES)}")
-    if config["metric"] not in ("auto", "accuracy", "roc_auc"):
-        raise ConfigError(f"unknown metric {config['metric']!r}; valid: auto, accuracy, roc_auc")
-    if config["server-mix-dtype"] not in MIX_DTYPES:
-        raise ConfigError(f"unknown server-mix-dtype {config['server-mix-dtype']!r}; "
-                          f"valid: {', '.join(MIX_DTYPES)}")
-    if config["client-state"] not in CLIENT_STATE_MODES:
-        raise ConfigError(
-            f"unknown client-state {config['client-state']!r}; valid: {', '.join(CLIENT_STATE_MODES)}"
-        )
-    if config["run-name"] and not re.fullmatch(r"[A-Za-z0-9._-]+", config["run-name"]):
-        raise ConfigError(f"run-name {config['run-name']!r} may hold only letters, digits, . _ -")
 
 
 def _check_partition_dir(folder: str, num_clients: int) -> None:
@@ -292,38 +411,11 @@ def _check_partition_dir(folder: str, num_clients: int) -> None:
         )
 
 
-def get_algorithm_or_fail(name: str):
+def get_algorithm_or_fail(name: str) -> Algorithm:
     try:
         return get_algorithm(name)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def data_root(config: Mapping[str, Any]) -> Path:
-    """``data-root`` if set, else env FEDGRAPH_DATA_ROOT, else a user cache dir."""
-    if config.get("data-root"):
-        return Path(str(config["data-root"])).expanduser()
-    env = os.environ.get("FEDGRAPH_DATA_ROOT")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fedgraph-flwr"
-
-
-def data_root_source(config: Mapping[str, Any]) -> str:
-    """Where :func:`data_root` came from, in words (for error messages)."""
-    if config.get("data-root"):
-        return "data root from run-config data-root"
-    if os.environ.get("FEDGRAPH_DATA_ROOT"):
-        return "data root from env FEDGRAPH_DATA_ROOT"
-    return "the default data root: neither data-root nor FEDGRAPH_DATA_ROOT is set here"
-
-
-def default_run_name(config: Mapping[str, Any]) -> str:
-    """A readable, deterministic name for a run's output folder."""
-    return (
-        f"{config['algorithm']}-{config['dataset']}-{config['partition']}"
-        f"{config['num-clients']}-seed{config['seed']}"
-    )
 
 
 # --- pyproject.toml's [tool.flwr.app.config], generated from the defaults -------------------
@@ -346,7 +438,7 @@ def pyproject_block() -> str:
     """The generated ``[tool.flwr.app.config]`` block, markers included: the common keys,
     then each algorithm's options in registration order, each with its doc."""
     lines = [PYPROJECT_BEGIN.rstrip("\n"), "[tool.flwr.app.config]", "# common keys"]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in COMMON_DEFAULTS.items()]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in common_defaults().items()]
     for algo in ALGORITHMS.values():
         docs, ranges = algo.options.docs(), algo.options.ranges()
         if not docs:

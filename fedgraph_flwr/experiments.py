@@ -89,15 +89,16 @@ def expand(spec: dict[str, Any], seeds: list[int] | None = None) -> list[dict[st
 
 
 def cell_id(overrides: dict[str, Any]) -> str:
-    cfg = resolve_config(None, overrides)
-    return "|".join(str(cfg[k]) for k in CELL_KEYS)
+    values = resolve_config(None, overrides).to_config()
+    return "|".join(str(values[k]) for k in CELL_KEYS)
 
 
 def run_name(overrides: dict[str, Any]) -> str:
     cfg = resolve_config(None, overrides)
+    values = cfg.to_config()
     extra = [f"{k}={v}" for k, v in sorted(overrides.items())
              if k not in (*CELL_KEYS, "seed", "output-dir", "run-name", "data-root")]
-    base = "-".join(str(cfg[k]) for k in CELL_KEYS) + f"-seed{cfg['seed']}"
+    base = "-".join(str(values[k]) for k in CELL_KEYS) + f"-seed{cfg.seed}"
     if extra:
         import hashlib
 
@@ -155,7 +156,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             if target.is_file():
                 try:
                     saved = json.loads(target.read_text())
-                    changed: list[str] | None = stale_keys(saved["config"], cfg)
+                    changed: list[str] | None = stale_keys(saved["config"], cfg.all_keys())
                     stopped = stopped_after(saved)
                 except (ValueError, KeyError, TypeError):  # not a results.json we can read
                     changed, stopped = None, None
@@ -166,11 +167,11 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                 # resumed: with client-state=context a resume restarts the clients' state.
                 why = ("its results.json is unreadable" if changed is None else
                        f"saved with different {', '.join(changed)} than this grid now asks for"
-                       if changed else f"it stopped after round {stopped} of {cfg['rounds']}")
+                       if changed else f"it stopped after round {stopped} of {cfg.rounds}")
                 moved = move_aside(target.parent, out / "stale")
                 progress.console.print(f"[yellow]{overrides['run-name']}: {why}; re-running "
                                        f"(old run kept in {moved})")
-            total = int(cfg["rounds"])
+            total = cfg.rounds
             progress.reset(rounds, total=total)
             log = PlainLog(f"cell {i}/{len(runs)} {overrides['run-name']}", total,
                            enabled=not progress.console.is_terminal)
@@ -204,11 +205,11 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
     cfg = resolve_config(None, overrides)
     import torch
 
-    gpus = 1.0 / cfg["num-clients"] if torch.cuda.is_available() else 0.0
+    gpus = 1.0 / cfg.num_clients if torch.cuda.is_available() else 0.0
     init_args: dict[str, Any] = {"include_dashboard": False}
     if num_cpus is not None:
         init_args["num_cpus"] = num_cpus
-    run_simulation(make_server_app(overrides), make_client_app(), num_supernodes=cfg["num-clients"],
+    run_simulation(make_server_app(overrides), make_client_app(), num_supernodes=cfg.num_clients,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
                                    "init_args": init_args})
 
@@ -244,10 +245,10 @@ def stale_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     switches cannot change its numbers.
     """
     from .algorithms import get_algorithm
-    from .config import COMMON_DEFAULTS
+    from .config import common_defaults
 
     saved = saved_config(saved)
-    own = set(COMMON_DEFAULTS) | set(get_algorithm(str(current["algorithm"])).config_defaults)
+    own = set(common_defaults()) | set(get_algorithm(str(current["algorithm"])).config_defaults)
     return sorted(k for k in own - set(NOT_RESULT_KEYS)
                   if json.dumps(saved.get(k), default=str) != json.dumps(current.get(k), default=str))
 
@@ -306,7 +307,7 @@ def grid_cells(spec: dict[str, Any]) -> set[str]:
     """The cell names a grid's runs will be tabulated under (as :func:`collect` names
     them), from its configs alone."""
     runs = expand(spec, seeds=[0])
-    return set(group_cells([{"config": saved_config(resolve_config(None, o))} for o in runs]))
+    return set(group_cells([{"config": saved_config(resolve_config(None, o).all_keys())} for o in runs]))
 
 
 def group_cells(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -220,11 +220,11 @@ def config_block(config: dict[str, Any]) -> str:
     """The resolved config: the common keys and this algorithm's (another algorithm's
     switches cannot change the run), values that differ from the default in bold."""
     from .algorithms import get_algorithm
-    from .config import COMMON_DEFAULTS, all_defaults
+    from .config import all_defaults, common_defaults
 
     defaults = all_defaults()
     try:
-        own = set(COMMON_DEFAULTS) | set(get_algorithm(str(config.get("algorithm"))).config_defaults)
+        own = set(common_defaults()) | set(get_algorithm(str(config.get("algorithm"))).config_defaults)
     except ValueError:  # an algorithm since removed: show everything
         own = set(config)
     lines = []

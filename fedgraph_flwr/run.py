@@ -198,9 +198,9 @@ def config_error(args: Sequence[str]) -> str | None:
     except ConfigError as exc:
         return f"{ERROR_LINE}{exc}"
     size = federation_size(options)
-    if size is not None and size != int(config["num-clients"]):
+    if size is not None and size != config.num_clients:
         return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
-                f"num-clients={config['num-clients']}; make them equal")
+                f"num-clients={config.num_clients}; make them equal")
     superlink = positionals[1] if len(positionals) > 1 else None
     if values.get("data-root") and is_local_superlink(superlink):
         from .engine.client_runtime import missing_dataset

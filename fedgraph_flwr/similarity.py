@@ -30,6 +30,7 @@ similarity matrix into the run folder. CLI::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -85,15 +86,14 @@ def load_run_clients(config: Mapping[str, Any], data_root: str | Path | None = N
     """The clients of a run's partition (the cache under ``data_root`` or the run's own
     ``data-root``; or the ``partition-dir`` files of ``partition=files`` runs)."""
     from .data import files
-    from .data.partition import load_all_clients
+    from .data.partition import client_settings, load_all_clients
 
-    k = int(config["num-clients"])
-    if config.get("partition") == "files":
-        return files.load_partition_dir(str(config["partition-dir"]), k)
-    cfg = dict(config)
+    settings = client_settings(config)
+    if settings.partition == "files":
+        return files.load_partition_dir(settings.partition_dir, settings.num_clients)
     if data_root:
-        cfg["data-root"] = str(data_root)
-    return load_all_clients(cfg)
+        settings = dataclasses.replace(settings, data_root=str(data_root))
+    return load_all_clients(settings)
 
 
 def _json_float(x: float) -> float | None:

@@ -18,6 +18,7 @@ from fedgraph_flwr.algorithms.adafgl import (
     GLOBAL_VAL,
     NODES_KEY,
     AdaFGLAggregator,
+    AdaFGLOptions,
     hcs_split,
     homophily_confidence,
     rewired_adjacency,
@@ -329,4 +330,4 @@ def test_a_run_too_short_for_step_2_is_refused_before_any_client():
     with pytest.raises(ConfigError, match=r"rounds=100 leaves no room for AdaFGL's step 2: it "
                        r"needs rounds >= 102 .*set rounds=102 or adafgl-rounds-step1=98"):
         resolve_config(None, {"algorithm": "adafgl", "adafgl-rounds-step1": 100})
-    assert resolve_config(None, {"algorithm": "adafgl"})["adafgl-rounds-step1"] == 98
+    assert resolve_config(None, {"algorithm": "adafgl"}).options_of(AdaFGLOptions).rounds_step1 == 98

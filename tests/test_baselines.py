@@ -15,17 +15,18 @@ from torch_geometric.utils import stochastic_blockmodel_graph
 from fedgraph_flwr.algorithms import apfl, fedper, fedprox, fedpub, gcfl
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
-from fedgraph_flwr.config import COMMON_DEFAULTS
+from fedgraph_flwr.algorithms.options import Options
+from fedgraph_flwr.config import RunConfig
 
 CPU = torch.device("cpu")
 NUM_FEATURES, NUM_CLASSES = 8, 3
 
 
-def make_config(defaults: dict, **overrides) -> dict:
-    cfg = dict(COMMON_DEFAULTS, **defaults)
-    cfg.update({"hidden": 16, "seed": 0, "server-round": 1})
+def make_config(options: type[Options], **overrides) -> RunConfig:
+    """The algorithm of ``options`` (their defaults) with ``overrides``, in round 1."""
+    cfg = {"algorithm": options.prefix, "hidden": 16, "seed": 0, "server-round": 1}
     cfg.update({k.replace("_", "-"): v for k, v in overrides.items()})
-    return cfg
+    return RunConfig.from_config(cfg)
 
 
 def tiny_graph(seed: int, n: int = 40) -> Data:
@@ -59,15 +60,15 @@ def run_rounds(trainer_cls, aggregator_cls, config: dict, rounds: int = 3, num_c
     states: dict[int, bytes] = {}
     log = []
     for rnd in range(1, rounds + 1):
-        cfg = dict(config, **{"server-round": rnd})
+        cfg = config.with_keys({"server-round": rnd})
         updates, metrics = {}, {}
         for c, data in enumerate(datas):
             trainer = trainer_cls(data, cfg, NUM_CLASSES, CPU)
             if c in states:  # through bytes, as the engine persists it
                 trainer.load_local_state(torch.load(io.BytesIO(states[c]), weights_only=False))
             trainer.load_payload(payloads[c])
-            torch.manual_seed(int(cfg["seed"]) * 1_000_003 + c * 10_007 + rnd)
-            m = trainer.train(int(cfg["local-epochs"]))
+            torch.manual_seed(cfg.seed * 1_000_003 + c * 10_007 + rnd)
+            m = trainer.train(cfg.local_epochs)
             m.update(trainer.evaluate())
             up = trainer.upload()
             assert set(up) == set(initial)  # the engine's schema check
@@ -113,20 +114,20 @@ def _train_once(trainer_cls, config, payload, epochs=5):
 
 
 def test_fedprox_mu_zero_is_fedavg_exactly():
-    cfg = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.0)
+    cfg = make_config(fedprox.FedProxOptions, fedprox_mu=0.0)
     torch.manual_seed(3)
     payload = {k: v + np.random.default_rng(0).normal(0, 0.1, v.shape).astype(v.dtype)
                for k, v in GCNTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg).items()}
     prox = _train_once(fedprox.FedProxTrainer, cfg, payload)
-    avg = _train_once(GCNTrainer, cfg, payload)
+    avg = _train_once(GCNTrainer, cfg.with_keys({"algorithm": "fedavg"}), payload)
     assert state_dicts_equal(prox.model.state_dict(), avg.model.state_dict())
     # and with μ > 0 it differs
-    prox_mu = _train_once(fedprox.FedProxTrainer, dict(cfg, **{"fedprox-mu": 1.0}), payload)
+    prox_mu = _train_once(fedprox.FedProxTrainer, cfg.with_keys({"fedprox-mu": 1.0}), payload)
     assert not state_dicts_equal(prox_mu.model.state_dict(), avg.model.state_dict())
 
 
 def test_fedprox_term_value_and_pull_toward_anchor():
-    cfg = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.5)
+    cfg = make_config(fedprox.FedProxOptions, fedprox_mu=0.5)
     anchor = fedprox.FedProxTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     trainer = fedprox.FedProxTrainer(tiny_graph(1), cfg, NUM_CLASSES, CPU)
     trainer.load_payload(anchor)
@@ -138,7 +139,7 @@ def test_fedprox_term_value_and_pull_toward_anchor():
     assert float(trainer.extra_loss()) == pytest.approx(0.5 * 0.5 * 0.01 * n_params, rel=1e-5)
 
     def distance(mu: float) -> float:
-        t = _train_once(fedprox.FedProxTrainer, dict(cfg, **{"fedprox-mu": mu}), anchor, epochs=30)
+        t = _train_once(fedprox.FedProxTrainer, cfg.with_keys({"fedprox-mu": mu}), anchor, epochs=30)
         return float(sum(((p.detach() - torch.as_tensor(anchor[n])) ** 2).sum()
                          for n, p in t.model.named_parameters()))
 
@@ -150,7 +151,7 @@ def test_fedprox_term_value_and_pull_toward_anchor():
 
 
 def test_fedper_head_never_uploaded_nor_overwritten():
-    cfg = make_config(fedper.FedPerOptions.defaults())
+    cfg = make_config(fedper.FedPerOptions)
     initial = fedper.FedPerTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     assert initial and not any(k.startswith("convs.1.") for k in initial)
     trainer = fedper.FedPerTrainer(tiny_graph(1), cfg, NUM_CLASSES, CPU)
@@ -163,13 +164,13 @@ def test_fedper_head_never_uploaded_nor_overwritten():
     assert all(torch.equal(state[k], v) for k, v in head_before.items())
     assert all(torch.all(state[k] == 3.0) for k in initial)
     # 3-layer GCN: the head is convs.2, convs.1 is shared
-    cfg3 = dict(cfg, **{"num-layers": 3})
+    cfg3 = cfg.with_keys({"num-layers": 3})
     keys3 = fedper.FedPerTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg3)
     assert any(k.startswith("convs.1.") for k in keys3) and not any(k.startswith("convs.2.") for k in keys3)
 
 
 def test_fedper_smoke_heads_stay_personal():
-    cfg = make_config(fedper.FedPerOptions.defaults())
+    cfg = make_config(fedper.FedPerOptions)
     log, _ = run_rounds(fedper.FedPerTrainer, fedper.FedPerAggregator, cfg)
     assert_smoke(log)
     payloads = log[-1]["result"].payloads
@@ -180,14 +181,14 @@ def test_fedper_smoke_heads_stay_personal():
 
 
 def _fedpub_arrays(seed: int, cfg: dict, noise: float = 0.0, noise_seed: int = 0) -> dict:
-    arrays = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, dict(cfg, seed=seed))
+    arrays = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg.with_keys({"seed": seed}))
     rng = np.random.default_rng(noise_seed)
     return {k: (v + noise * rng.normal(size=v.shape)).astype(v.dtype) if "mask" not in k else v
             for k, v in arrays.items()}
 
 
 def test_fedpub_identical_clients_and_tau_zero_mix_uniformly():
-    cfg = make_config(fedpub.FedPubOptions.defaults())
+    cfg = make_config(fedpub.FedPubOptions)
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, [0, 1, 2], initial)
     same = _fedpub_arrays(5, cfg)
@@ -198,7 +199,7 @@ def test_fedpub_identical_clients_and_tau_zero_mix_uniformly():
         np.testing.assert_allclose(v, same[k], rtol=1e-6, atol=1e-7)
         assert v.shape == initial[k].shape and v.dtype == initial[k].dtype
     # τ = 0: uniform mixing whatever the clients
-    agg0 = fedpub.FedPubAggregator(dict(cfg, **{"fedpub-tau": 0.0}), [0, 1, 2], initial)
+    agg0 = fedpub.FedPubAggregator(cfg.with_keys({"fedpub-tau": 0.0}), [0, 1, 2], initial)
     diverse = {c: ClientUpdate(_fedpub_arrays(c, cfg), {}, 10) for c in range(3)}
     res0 = agg0.aggregate(1, diverse)
     np.testing.assert_allclose(res0.diagnostics["mixing"], np.full((3, 3), 1 / 3), rtol=1e-12)
@@ -208,7 +209,7 @@ def test_fedpub_identical_clients_and_tau_zero_mix_uniformly():
 
 
 def test_fedpub_similar_clients_weigh_each_other_more():
-    cfg = make_config(fedpub.FedPubOptions.defaults())
+    cfg = make_config(fedpub.FedPubOptions)
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, list(range(4)), initial)
     # two groups: {0, 1} around model A, {2, 3} around model B
@@ -221,13 +222,13 @@ def test_fedpub_similar_clients_weigh_each_other_more():
         assert sim[a, b] > sim[a, other]
         assert w[a, b] > w[a, other]
     # higher τ sharpens the mixing toward the own group
-    agg_hot = fedpub.FedPubAggregator(dict(cfg, **{"fedpub-tau": 50.0}), list(range(4)), initial)
+    agg_hot = fedpub.FedPubAggregator(cfg.with_keys({"fedpub-tau": 50.0}), list(range(4)), initial)
     w_hot = agg_hot.aggregate(1, ups).diagnostics["mixing"]
     assert w_hot[0, 1] + w_hot[0, 0] > w[0, 1] + w[0, 0]
 
 
 def test_fedpub_server_embedding_is_client_model_on_proxy():
-    cfg = make_config(fedpub.FedPubOptions.defaults(), fedpub_proxy_graphs=2, fedpub_proxy_nodes=30)
+    cfg = make_config(fedpub.FedPubOptions, fedpub_proxy_graphs=2, fedpub_proxy_nodes=30)
     trainer = fedpub.FedPubTrainer(tiny_graph(2), cfg, NUM_CLASSES, CPU)
     with torch.no_grad():  # give it non-trivial masks, one pruned entry
         trainer.model.convs[1].lin.mask.uniform_(0.5, 1.5)
@@ -235,9 +236,9 @@ def test_fedpub_server_embedding_is_client_model_on_proxy():
     up = trainer.upload()
     initial = fedpub.FedPubTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
     agg = fedpub.FedPubAggregator(cfg, [0], initial)
-    proxy = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg["seed"])
+    proxy = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg.seed)
     assert proxy.num_nodes == 60 and proxy.x.shape == (60, NUM_FEATURES)
-    again = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg["seed"])
+    again = fedpub.proxy_graph(NUM_FEATURES, agg.options, cfg.seed)
     assert torch.equal(proxy.edge_index, again.edge_index)  # seeded
     block = proxy.edge_index // 30
     assert torch.equal(block[0], block[1])  # no edges across proxy graphs
@@ -248,7 +249,7 @@ def test_fedpub_server_embedding_is_client_model_on_proxy():
 
 
 def test_fedpub_masks_local_and_regularisers():
-    cfg = make_config(fedpub.FedPubOptions.defaults(), fedpub_l1=0.1, fedpub_loc_l2=0.2)
+    cfg = make_config(fedpub.FedPubOptions, fedpub_l1=0.1, fedpub_loc_l2=0.2)
     trainer = fedpub.FedPubTrainer(tiny_graph(3), cfg, NUM_CLASSES, CPU)
     with torch.no_grad():
         trainer.model.classifier.mask.fill_(0.5)
@@ -265,7 +266,7 @@ def test_fedpub_masks_local_and_regularisers():
     reg.backward()
     assert torch.allclose(trainer.model.classifier.mask.grad, torch.full((NUM_CLASSES, 16), 0.1))
     # Later rounds add loc_l2 · ||θ - θ_received||_2 per non-mask tensor
-    trainer.config = dict(cfg, **{"server-round": 2})
+    trainer.config = cfg.with_keys({"server-round": 2})
     trainer.model.zero_grad()
     with torch.no_grad():
         trainer.model.classifier.weight.add_(torch.full_like(trainer.model.classifier.weight, 0.1))
@@ -277,7 +278,7 @@ def test_fedpub_masks_local_and_regularisers():
 
 
 def test_fedpub_smoke():
-    cfg = make_config(fedpub.FedPubOptions.defaults())
+    cfg = make_config(fedpub.FedPubOptions)
     log, _ = run_rounds(fedpub.FedPubTrainer, fedpub.FedPubAggregator, cfg)
     assert_smoke(log)
     w = log[-1]["result"].diagnostics["mixing"]
@@ -290,7 +291,7 @@ def test_fedpub_smoke():
 
 
 def _gcfl_setup(mode: str, k: int = 6, **over):
-    cfg = make_config(gcfl.GCFLOptions.defaults(), gcfl_mode=mode, **over)
+    cfg = make_config(gcfl.GCFLOptions, gcfl_mode=mode, **over)
     initial = {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)}
     return cfg, initial, gcfl.GCFLAggregator(cfg, list(range(k)), initial)
 
@@ -371,7 +372,7 @@ def test_gcfl_dtw():
 
 
 def test_gcfl_smoke_and_grad_norm_signature():
-    cfg = make_config(gcfl.GCFLOptions.defaults(), gcfl_warmup_rounds=0, gcfl_seq_length=2)
+    cfg = make_config(gcfl.GCFLOptions, gcfl_warmup_rounds=0, gcfl_seq_length=2)
     log, agg = run_rounds(gcfl.GCFLTrainer, gcfl.GCFLAggregator, cfg)
     assert_smoke(log)
     for m in log[-1]["metrics"].values():
@@ -384,7 +385,7 @@ def test_gcfl_smoke_and_grad_norm_signature():
 
 def test_apfl_mixture_endpoints_and_adaptive_alpha():
     data = tiny_graph(4)
-    cfg = make_config(apfl.APFLOptions.defaults(), apfl_adaptive=False)
+    cfg = make_config(apfl.APFLOptions, apfl_adaptive=False)
     trainer = apfl.APFLTrainer(data, cfg, NUM_CLASSES, CPU)
     with torch.no_grad():
         for p in trainer.local_model.parameters():
@@ -396,23 +397,23 @@ def test_apfl_mixture_endpoints_and_adaptive_alpha():
         with torch.no_grad():
             assert torch.allclose(trainer.forward(), ref_model(data.x, data.edge_index), atol=1e-5)
     # fixed α stays put; without dropout the shared model w trains exactly like FedAvg's
-    cfg_nodrop = dict(cfg, dropout=0.0)
+    cfg_nodrop = cfg.with_keys({"dropout": 0.0})
     trainer = apfl.APFLTrainer(data, cfg_nodrop, NUM_CLASSES, CPU)
-    fedavg_t = GCNTrainer(data, cfg_nodrop, NUM_CLASSES, CPU)
+    fedavg_t = GCNTrainer(data, cfg_nodrop.with_keys({"algorithm": "fedavg"}), NUM_CLASSES, CPU)
     trainer.train(3)
     fedavg_t.train(3)
     assert float(trainer.alpha) == 0.25
     assert state_dicts_equal(trainer.model.state_dict(), fedavg_t.model.state_dict())
     assert not state_dicts_equal(trainer.local_model.state_dict(), fedavg_t.model.state_dict())
     # adaptive α moves and stays in [0, 1]
-    ada = apfl.APFLTrainer(data, make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5),
+    ada = apfl.APFLTrainer(data, make_config(apfl.APFLOptions, apfl_alpha_lr=0.5),
                            NUM_CLASSES, CPU)
     ada.train(10)
     assert float(ada.alpha) != 0.25 and 0.0 <= float(ada.alpha) <= 1.0
 
 
 def test_apfl_smoke_local_state_persists():
-    cfg = make_config(apfl.APFLOptions.defaults(), apfl_alpha_lr=0.5)
+    cfg = make_config(apfl.APFLOptions, apfl_alpha_lr=0.5)
     log, _ = run_rounds(apfl.APFLTrainer, apfl.APFLAggregator, cfg)
     assert_smoke(log)
     alphas = [[m["apfl_alpha"] for m in e["metrics"].values()] for e in log]
@@ -425,12 +426,12 @@ def test_apfl_smoke_local_state_persists():
 def test_fedprox_smoke_matches_fedavg_when_mu_zero():
     # With one local step the proximal gradient is 0 (θ starts at the anchor): FedProx
     # differs from FedAvg only with several local epochs.
-    cfg = make_config(fedprox.FedProxOptions.defaults(), local_epochs=3)
+    cfg = make_config(fedprox.FedProxOptions, local_epochs=3)
     log, _ = run_rounds(fedprox.FedProxTrainer, fedprox.FedProxAggregator, cfg)
     assert_smoke(log)
-    cfg0 = make_config(fedprox.FedProxOptions.defaults(), fedprox_mu=0.0, local_epochs=3)
+    cfg0 = make_config(fedprox.FedProxOptions, fedprox_mu=0.0, local_epochs=3)
     log0, _ = run_rounds(fedprox.FedProxTrainer, fedprox.FedProxAggregator, cfg0)
-    logavg, _ = run_rounds(GCNTrainer, FedAvgAggregator, cfg0)
+    logavg, _ = run_rounds(GCNTrainer, FedAvgAggregator, cfg0.with_keys({"algorithm": "fedavg"}))
     assert payloads_equal(log0[-1]["result"].payloads, logavg[-1]["result"].payloads)
     assert not payloads_equal(log[-1]["result"].payloads, logavg[-1]["result"].payloads)
 

@@ -321,7 +321,7 @@ def test_compose_runs_what_the_readme_runs(services):
 def test_client_state_is_on_a_named_volume_per_client(compose, services):
     """client-state="file" writes <data root>/client-state/<run>/client_<i>/; the
     executors' data root is XDG_CACHE_HOME/fedgraph-flwr, a named volume per client."""
-    from fedgraph_flwr.config import data_root
+    from fedgraph_flwr.config import ClientSettings
 
     volumes = compose["volumes"]
     assert set(volumes) == {make_compose.client_state_volume(i) for i in range(N)}
@@ -335,7 +335,7 @@ def test_client_state_is_on_a_named_volume_per_client(compose, services):
             old = {k: os.environ.pop(k, None) for k in ("FEDGRAPH_DATA_ROOT", "XDG_CACHE_HOME")}
             try:
                 os.environ["XDG_CACHE_HOME"] = cache
-                assert PurePosixPath(data_root({})).is_relative_to(cache)
+                assert PurePosixPath(ClientSettings().data_root_path).is_relative_to(cache)
             finally:
                 os.environ.pop("XDG_CACHE_HOME")
                 os.environ.update({k: v for k, v in old.items() if v is not None})

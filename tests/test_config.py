@@ -20,7 +20,7 @@ def test_pyproject_mirrors_every_default():
 
 def test_defaults_resolve():
     cfg = resolve_config({})
-    assert cfg["algorithm"] == "fedaux" and cfg["dataset"] == "Cora" and cfg["num-clients"] == 10
+    assert cfg.algorithm == "fedaux" and cfg.dataset == "Cora" and cfg.num_clients == 10
 
 
 @pytest.mark.parametrize(
@@ -29,19 +29,21 @@ def test_defaults_resolve():
         ({"no-such-key": 1}, "unknown config key 'no-such-key'; valid keys:"),
         ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; valid:"),
         ({"dataset": "Kora"}, "unknown dataset 'Kora'"),
-        ({"partition": "random"}, "unknown partition 'random'"),
-        ({"rounds": 0}, "rounds must be positive"),
-        ({"lr": -0.1}, "lr must be positive"),
-        ({"num-clients": 0}, "num-clients must be positive"),
-        ({"fraction": 1.5}, "fraction must be in (0, 1]"),
+        ({"partition": "random"}, "partition='random' is not a valid choice: must be one of metis,"),
+        ({"rounds": 0}, "rounds=0 is out of range: must be >= 1"),
+        ({"lr": -0.1}, "lr=-0.1 is out of range: must be > 0"),
+        ({"num-clients": 0}, "num-clients=0 is out of range: must be >= 1"),
+        ({"fraction": 1.5}, "fraction=1.5 is out of range: must be in (0, 1]"),
         ({"rounds": "ten"}, "rounds='ten' is not a valid int"),
         ({"partition": "files"}, "partition=files needs partition-dir"),
         ({"partition-dir": "outputs/partitions/x"},
          "partition-dir is set but partition=metis builds its own partition"),
         ({"config-file": "/nonexistent/x.yaml"}, "does not exist"),
-        ({"server-mix-dtype": "float16"}, "unknown server-mix-dtype 'float16'"),
-        ({"metis-library": "metis5"}, "unknown metis-library 'metis5'; valid: pymetis, system"),
-        ({"memory-limit": 1.0}, "memory-limit must be in [0, 1) (0 = off), got 1.0"),
+        ({"server-mix-dtype": "float16"}, "server-mix-dtype='float16' is not a valid choice"),
+        ({"metis-library": "metis5"},
+         "metis-library='metis5' is not a valid choice: must be one of pymetis, system"),
+        ({"memory-limit": 1.0}, "memory-limit=1.0 is out of range: must be in [0, 1)"),
+        ({"min-clients": 11}, "min-clients must be in [0, num-clients=10], got 11"),
     ],
 )
 def test_bad_input_is_one_line(overrides, fragment):
@@ -59,8 +61,8 @@ def test_yaml_file_and_precedence(tmp_path):
     # Flower passes every pyproject default; only values that differ count as explicit.
     run_config = dict(defaults, **{"config-file": str(path), "lr": 0.2})
     cfg = resolve_config(run_config)
-    assert cfg["algorithm"] == "fedavg" and cfg["rounds"] == 7
-    assert cfg["lr"] == 0.2  # explicit --run-config beats the YAML file
+    assert cfg.algorithm == "fedavg" and cfg.rounds == 7
+    assert cfg.lr == 0.2  # explicit --run-config beats the YAML file
 
 
 def test_yaml_unknown_key(tmp_path):
@@ -72,24 +74,24 @@ def test_yaml_unknown_key(tmp_path):
 
 def test_types_are_coerced():
     cfg = resolve_config({}, {"rounds": "5", "lr": "0.1", "fail-fast": "true"})
-    assert cfg["rounds"] == 5 and cfg["lr"] == 0.1 and cfg["fail-fast"] is True
+    assert cfg.rounds == 5 and cfg.lr == 0.1 and cfg.fail_fast is True
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "scale").glob("*.yaml")), ids=lambda p: p.stem)
 def test_scale_configs_resolve_on_the_offline_arxiv_graph(path):
     cfg = resolve_config(None, {"config-file": str(path)})
-    assert path.stem == f"{cfg['algorithm']}-synthetic-arxiv"
-    assert cfg["dataset"] == "Synthetic-arxiv" and cfg["client-state"] == "file"
+    assert path.stem == f"{cfg.algorithm}-synthetic-arxiv"
+    assert cfg.dataset == "Synthetic-arxiv" and cfg.client_state == "file"
     real = resolve_config(None, {"config-file": str(path), "dataset": "ogbn-arxiv"})
-    assert real["dataset"] == "ogbn-arxiv"
+    assert real.dataset == "ogbn-arxiv"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("fed*/*.yaml")), ids=lambda p: p.stem)
 def test_shipped_run_configs_resolve_to_what_their_names_say(path):
     cfg = resolve_config(None, {"config-file": str(path)})
-    assert cfg["algorithm"] == path.parent.name  # configs/<algorithm>/...
+    assert cfg.algorithm == path.parent.name  # configs/<algorithm>/...
     if path.parent.name == "fediih":  # <dataset>-<disjoint|overlapping>-<clients>.yaml
         dataset, setting, clients = path.stem.rsplit("-", 2)
-        assert cfg["dataset"].lower() == dataset.replace("arxiv", "ogbn-arxiv")
-        assert cfg["partition"] == {"disjoint": "metis", "overlapping": "metis-overlapping"}[setting]
-        assert cfg["num-clients"] == int(clients)
+        assert cfg.dataset.lower() == dataset.replace("arxiv", "ogbn-arxiv")
+        assert cfg.partition == {"disjoint": "metis", "overlapping": "metis-overlapping"}[setting]
+        assert cfg.num_clients == int(clients)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.engine.loop import run_federation
 
 from helpers import round_metrics, simulate
@@ -88,10 +89,11 @@ def test_a_client_whose_state_is_not_where_it_saved_it_fails_instead_of_training
         "client-state": "file", "client-state-dir": str(tmp_path / "state"), "fail-fast": False})
 
     class Moved(InProcessTransport):
-        def exchange(self, phase, requests, config, timeout, client_configs=None):
-            if int(config["server-round"]) == 3:
+        def exchange(self, phase, requests, timeout):
+            config = next(iter(requests.values())).config
+            if config.server_round == 3:
                 shutil.rmtree(state_dir(config, 1))
-            return super().exchange(phase, requests, config, timeout, client_configs)
+            return super().exchange(phase, requests, timeout)
 
     fed = RoundDriver(cfg, Moved(), write=False).run()
     assert not fed.rounds[1].failures
@@ -146,13 +148,13 @@ def test_flower_simulation_matches_inprocess(tmp_path, request, dataset):
     # A client hears the common client keys, its algorithm's options and the engine's
     # per-round keys: nothing of the other algorithms or the server's own settings.
     from fedgraph_flwr.algorithms import get_algorithm
-    from fedgraph_flwr.config import CLIENT_KEYS
+    from fedgraph_flwr.config import client_keys
 
     engine_keys = {"server-round", "num-classes-global", "num-features-global",
                    "client-state-token"}
     train_keys = set(json.loads((seen / "train.json").read_text()))
-    assert train_keys == set(CLIENT_KEYS) | set(get_algorithm("fedavg").options.keys()) | engine_keys
-    assert len(train_keys) == len(CLIENT_KEYS) + 1 + 4 == 32  # fedavg has one option
+    assert train_keys == set(client_keys()) | set(get_algorithm("fedavg").options.keys()) | engine_keys
+    assert len(train_keys) == len(client_keys()) + 1 + 4 == 32  # fedavg has one option
     assert set(json.loads((seen / "query.json").read_text())) <= train_keys
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
     assert [r["round"] for r in flower["rounds"]] == [1, 2]
@@ -216,6 +218,6 @@ def test_memory_use_reads_a_containers_cgroup_else_the_machine(tmp_path):
     (cgroup / "memory.stat").write_text(f"anon 1\ninactive_file {100 * 2**20}\nactive_file 5\n")
     used, of = rt.memory_use(cgroup, meminfo)
     assert used == pytest.approx(800 / 1024) and of == "the container's 1.0 GiB"
-    rt.check_memory({"memory-limit": 0.0})  # off
+    rt.check_memory(ClientSettings(memory_limit=0.0))  # off
     with pytest.raises(rt.MemoryGuardError, match=r"^\d+% of .* memory is in use, over memory-limit=1e-09"):
-        rt.check_memory({"memory-limit": 1e-9})
+        rt.check_memory(ClientSettings(memory_limit=1e-9))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from fedgraph_flwr.config import ClientConfig
 from fedgraph_flwr.engine import flower_transport
+from fedgraph_flwr.engine.federation import ClientRequest
 from fedgraph_flwr.engine.flower_transport import FlowerTransport
 
 
@@ -147,8 +149,9 @@ def test_a_superlink_error_reply_is_recorded_for_the_node_it_is_about(monkeypatc
     transport.node_of = {0: 12, 1: 13}
     transport.client_of = {12: 0, 13: 1}
     phase = SimpleNamespace(name="train", message_type="train")
-    requests = {0: {"w": np.zeros(2)}, 1: {"w": np.zeros(2)}}
-    out = transport.exchange(phase, requests, {"server-round": 3}, timeout=2.0)
+    config = ClientConfig(server_round=3)
+    requests = {c: ClientRequest({"w": np.zeros(2)}, config) for c in (0, 1)}
+    out = transport.exchange(phase, requests, timeout=2.0)
     assert out.failures[1].startswith("error 5: Error: Node Unavailable")
     assert out.failures[0] == "error 0: the client's own error"
     assert not any("unknown node" in line for line in logged)

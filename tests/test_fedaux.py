@@ -12,11 +12,11 @@ from torch_geometric.nn import GCNConv
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedaux import (
     FedAuxAggregator,
-    FedAuxOptions,
     FedAuxTrainer,
     spectral_gap,
 )
 from fedgraph_flwr.algorithms.mixing import cosine_similarity, row_softmax
+from fedgraph_flwr.config import RunConfig
 from fedgraph_flwr.nn.apv_kernel import (
     HardSortConv1d,
     apv_scores,
@@ -34,11 +34,11 @@ from fedgraph_flwr.nn.masked import MaskedGCNConv, MaskedLinear
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make_config(**overrides) -> dict:
-    base = {"seed": 0, "lr": 0.01, "weight-decay": 1e-6, "hidden": 16, "dropout": 0.5,
-            "metric": "accuracy", **FedAuxOptions.defaults()}
+def make_config(**overrides) -> RunConfig:
+    base = {"algorithm": "fedaux", "seed": 0, "lr": 0.01, "weight-decay": 1e-6, "hidden": 16,
+            "dropout": 0.5, "metric": "accuracy"}
     base.update(overrides)
-    return base
+    return RunConfig.from_config(base)
 
 
 def random_graph(n: int = 40, f: int = 8, c: int = 3, seed: int = 0) -> Data:

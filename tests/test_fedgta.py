@@ -242,7 +242,7 @@ def test_signature_is_the_lp_moments_and_confidence_of_the_current_model():
     trainer = FedGTATrainer(data, cfg, 3, CPU)
     trainer.train(2)
     signature = trainer.signature()
-    opts = FedGTAOptions.from_config(cfg)
+    opts = cfg.options_of(FedGTAOptions)
     assert signature[MOMENTS_KEY].shape == (2 * opts.num_moments * 3,)
     assert signature[CONFIDENCE_KEY].shape == (1,) and signature[CONFIDENCE_KEY][0] > 0
     trainer.model.eval()

@@ -23,13 +23,15 @@ from fedgraph_flwr.algorithms.fediih import (
     global_factor_means,
 )
 from fedgraph_flwr.algorithms.mixing import mix, row_softmax
+from fedgraph_flwr.config import RunConfig
 from fedgraph_flwr.nn.disengcn import NeighbourhoodRouting, routing_layer_split
 from fedgraph_flwr.nn.factor_graph import EdgeAggregate, EdgeDots, build_factor_graph
 from fedgraph_flwr.nn.hvgae import hvgae_loss, reconstruction_loss, resolve_recon_method
 
 CPU = torch.device("cpu")
-SMALL = {"seed": 0, "lr": 0.02, "weight-decay": 5e-4, "hidden": 8, "dropout": 0.3,
-         "fediih-factors": 2, "fediih-routing-layers": 3, "fediih-routing-iters": 3}
+SMALL = RunConfig.from_config({
+    "algorithm": "fediih", "seed": 0, "lr": 0.02, "weight-decay": 5e-4, "hidden": 8,
+    "dropout": 0.3, "fediih-factors": 2, "fediih-routing-layers": 3, "fediih-routing-iters": 3})
 
 
 def random_graph(n: int, num_features: int = 12, num_classes: int = 3, p: float = 0.05,
@@ -180,10 +182,10 @@ def test_trainer_on_a_large_client_trains_the_same_with_either_kernel():
     from fedgraph_flwr.nn.disengcn import FUSED_ROUTING_MIN_NODES
 
     data = random_graph(FUSED_ROUTING_MIN_NODES, p=0.0008)
-    config = {**SMALL, "dropout": 0.0, "local-epochs": 1}
+    config = SMALL.with_keys({"dropout": 0.0, "local-epochs": 1})
     results = []
     for kernel in ("auto", "sparse"):
-        trainer = FedIIHTrainer(data, {**config, "fediih-routing-kernel": kernel}, 3, CPU)
+        trainer = FedIIHTrainer(data, config.with_keys({"fediih-routing-kernel": kernel}), 3, CPU)
         metrics = trainer.train(2)
         results.append((metrics, trainer.upload(), trainer.signature()))
     (fused_metrics, fused_up, fused_sig), (sparse_metrics, sparse_up, sparse_sig) = results
@@ -336,7 +338,8 @@ def test_blockwise_mixing_uses_each_factors_own_weights():
                "clf.bias": rng.normal(size=classes).astype(np.float32)} for _ in range(m)]
     mu, lv = rng.normal(size=(m, k, d)), 0.3 * rng.normal(size=(m, k, d))
     updates = {c: _update(arrays[c], mu[c], lv[c]) for c in range(m)}
-    res = FedIIHAggregator({"fediih-tau": 2.0}, list(range(m)), arrays[0]).aggregate(1, updates)
+    res = FedIIHAggregator(SMALL.with_keys({"fediih-tau": 2.0}), list(range(m)),
+                           arrays[0]).aggregate(1, updates)
     beta = row_softmax(factor_similarity(mu, lv), 2.0)
     assert not np.allclose(beta[0], beta[1])  # the factors really get different weights
     for c, out in res.payloads.items():
@@ -350,7 +353,8 @@ def test_blockwise_mixing_uses_each_factors_own_weights():
             assert np.allclose(out["clf.weight"][:, rows], exp_c, atol=1e-6)
         assert np.allclose(out["clf.bias"], np.mean([a["clf.bias"] for a in arrays], 0), atol=1e-6)
     # server-mix-dtype=float32: the same payloads to float32 precision.
-    fast = FedIIHAggregator({"fediih-tau": 2.0, "server-mix-dtype": "float32"}, list(range(m)),
+    fast = FedIIHAggregator(SMALL.with_keys({"fediih-tau": 2.0, "server-mix-dtype": "float32"}),
+                            list(range(m)),
                             arrays[0]).aggregate(1, updates)
     for c in range(m):
         for name, value in res.payloads[c].items():
@@ -392,7 +396,7 @@ def test_code_mode_elbo_moves_only_alpha_hat_paper_mode_trains_encoder():
     data = random_graph(60)
     fresh = FedIIHTrainer(data, SMALL, 3, CPU)
     code, _ = _run(SMALL, data)
-    paper, _ = _run({**SMALL, "fediih-mode": "paper"}, data)
+    paper, _ = _run(SMALL.with_keys({"fediih-mode": "paper"}), data)
     # Step A is identical in both modes; Step B only differs in what it updates.
     assert np.array_equal(code.upload()["clf.weight"], paper.upload()["clf.weight"])
     assert not np.allclose(code.upload()["pca.weight"], paper.upload()["pca.weight"])
@@ -422,7 +426,7 @@ def test_evaluate_reports_the_pooled_counts(num_classes):
     """The counts of FedSpray's pooled protocol agree with FedIIH's own metrics, also for
     binary tasks (one logit, BCE validation loss)."""
     data = random_graph(80, num_classes=num_classes)
-    tr = FedIIHTrainer(data, dict(SMALL, metric="accuracy"), num_classes, CPU)
+    tr = FedIIHTrainer(data, SMALL.with_keys({"metric": "accuracy"}), num_classes, CPU)
     tr.train(1)
     m = tr.evaluate()
     assert m["test_count"] == int(data.test_mask.sum()) and m["val_count"] == int(data.val_mask.sum())
@@ -485,7 +489,7 @@ def split_clients(graph: Data, num_clients: int, seed: int = 0) -> list[Data]:
 
 def test_small_federation_improves_validation_accuracy(cora):
     clients = split_clients(cora, 3)
-    config = {**SMALL, "hidden": 16, "lr": 0.05}
+    config = SMALL.with_keys({"hidden": 16, "lr": 0.05})
     init = FedIIHTrainer.initial_arrays(cora.num_features, 7, config)
     aggregator = FedIIHAggregator(config, [0, 1, 2], init)
     payloads, states, mean_val = {c: init for c in range(3)}, {}, []

@@ -205,7 +205,7 @@ def test_relayed_step_equals_the_step_with_the_other_clients_features():
     """Client m's generator step through the server (its vectors to j, j's gradients back)
     equals one computed with j's features in hand: (1/2)[local + λ_f · Σ nearest MSE /
     (n_train · P)]."""
-    cfg = dict(_config(**{"fedsage-gen-rounds": 2}), **{"server-round": 1})
+    cfg = _config(**{"fedsage-gen-rounds": 2}).with_keys({"server-round": 1})
     m = FedSageTrainer(_graph(seed=1), cfg, 3, CPU)
     j = FedSageTrainer(_graph(seed=2), cfg, 3, CPU)
     for c, trainer in enumerate((m, j)):

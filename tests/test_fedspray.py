@@ -16,19 +16,19 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import remove_self_loops, to_undirected
 
-from fedgraph_flwr.algorithms.base import TRAIN_PHASE, ClientUpdate
+from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
 from fedgraph_flwr.algorithms.fedspray import (
     PROXIES_KEY,
     FedSprayAggregator,
-    FedSprayOptions,
     FedSprayTrainer,
     align_proxies,
     initial_global_proxies,
     kd_node_mask,
 )
 from fedgraph_flwr.algorithms.local import LocalAggregator, LocalTrainer
-from fedgraph_flwr.engine.client_runtime import phase_round, state_from_bytes
+from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.engine.client_runtime import restore_trainer
 
 CPU = torch.device("cpu")
 
@@ -73,13 +73,12 @@ def federation(num_clients: int = 4, num_nodes: int = 300, seed: int = 0, **kw) 
     return [contextual_sbm(rng, num_nodes, k % 2, **kw) for k in range(num_clients)]
 
 
-def config(**overrides) -> dict:
-    cfg = {"seed": 0, "lr": 0.03, "weight-decay": 0.0, "hidden": 32, "num-layers": 2,
-           "dropout": 0.0, "local-epochs": 5, "metric": "accuracy"}
-    cfg.update(FedSprayOptions.defaults())
+def config(**overrides) -> RunConfig:
+    cfg = {"algorithm": "fedspray", "seed": 0, "lr": 0.03, "weight-decay": 0.0, "hidden": 32,
+           "num-layers": 2, "dropout": 0.0, "local-epochs": 5, "metric": "accuracy"}
     cfg.update({"fedspray-proxy-dim": 32, "fedspray-encoder-lr": 0.03})
     cfg.update(overrides)
-    return cfg
+    return RunConfig.from_config(cfg)
 
 
 def run_rounds(trainer_cls, aggregator_cls, clients: list[Data], cfg: dict, rounds: int,
@@ -105,8 +104,8 @@ def run_rounds(trainer_cls, aggregator_cls, clients: list[Data], cfg: dict, roun
                         torch.load(io.BytesIO(states[c]), map_location=CPU, weights_only=True))
             trainer = trainers[c]
             trainer.load_payload(payloads[c])
-            torch.manual_seed(int(cfg["seed"]) * 1_000_003 + c * 10_007 + rnd)
-            m = trainer.train(int(cfg["local-epochs"]))
+            torch.manual_seed(cfg.seed * 1_000_003 + c * 10_007 + rnd)
+            m = trainer.train(cfg.local_epochs)
             m.update(trainer.evaluate())
             metrics[c] = m
             updates[c] = ClientUpdate(trainer.upload(), trainer.signature(),
@@ -287,7 +286,8 @@ def test_lambda1_zero_is_local_training_exactly(gnn):
     cfg = config(**{"fedspray-lambda1": 0.0, "dropout": 0.5,  # dropout: RNG use must match too
                     "fedspray-gnn": gnn, "gnn": gnn})
     spray, spray_trainers = run_rounds(FedSprayTrainer, FedSprayAggregator, clients, cfg, 4)
-    local, local_trainers = run_rounds(LocalTrainer, LocalAggregator, clients, cfg, 4)
+    local, local_trainers = run_rounds(LocalTrainer, LocalAggregator, clients,
+                                       cfg.with_keys({"algorithm": "local"}), 4)
     for s, loc in zip(spray_trainers, local_trainers):
         gnn, model = s.gnn.state_dict(), loc.model.state_dict()
         assert gnn.keys() == model.keys() and all(torch.equal(gnn[k], model[k]) for k in gnn)
@@ -349,12 +349,11 @@ def test_per_client_init_draws_each_clients_own_gnn():
     assert torch.equal(own[3], gnn_params(**{"fedspray-per-client-init": True, "partition-id": 3}))
     with pytest.raises(ValueError, match="partition-id"):
         FedSprayTrainer(data, config(**{"fedspray-per-client-init": True}), 2, CPU)
-    # The engine hands each client's trainer its partition id (0 epochs: the GNN as drawn).
-    engine_cfg = config(**{"fedspray-per-client-init": True, "algorithm": "fedspray", "local-epochs": 0})
-    arrays = FedSprayTrainer.initial_arrays(data.num_features, 2, engine_cfg)
-    state = phase_round(data, 2, engine_cfg, TRAIN_PHASE, arrays, None, 1, 3).state
-    drawn = FedSprayTrainer(data, {**engine_cfg, "partition-id": 3}, 2, CPU).gnn.state_dict()
-    assert all(torch.equal(v, drawn[k]) for k, v in state_from_bytes(state, CPU)["gnn"].items())
+    # The engine hands each client's trainer its partition id.
+    engine_cfg = config(**{"fedspray-per-client-init": True})
+    restored = restore_trainer(data, 2, engine_cfg, None, CPU, 3).gnn.state_dict()
+    drawn = FedSprayTrainer(data, engine_cfg.with_keys({"partition-id": 3}), 2, CPU).gnn.state_dict()
+    assert restored.keys() == drawn.keys() and all(torch.equal(v, drawn[k]) for k, v in restored.items())
 
 
 def test_deterministic_and_local_state_round_trip():
@@ -375,9 +374,10 @@ def test_minority_accuracy_beats_local_and_fedavg_on_csbm():
     for name, trainer_cls, agg_cls in (("local", LocalTrainer, LocalAggregator),
                                        ("fedavg", GCNTrainer, FedAvgAggregator),
                                        ("fedspray", FedSprayTrainer, FedSprayAggregator)):
-        initial = trainer_cls.initial_arrays(clients[0].num_features, 2, cfg)
-        aggregator = agg_cls(cfg, list(range(len(clients))), initial)
-        trainers = [trainer_cls(d, cfg, 2, CPU) for d in clients]
+        own = cfg.with_keys({"algorithm": name})
+        initial = trainer_cls.initial_arrays(clients[0].num_features, 2, own)
+        aggregator = agg_cls(own, list(range(len(clients))), initial)
+        trainers = [trainer_cls(d, own, 2, CPU) for d in clients]
         payloads = {c: initial for c in range(len(clients))}
         per_round = []
         for rnd in range(1, 26):
@@ -385,7 +385,7 @@ def test_minority_accuracy_beats_local_and_fedavg_on_csbm():
             for c, (trainer, data) in enumerate(zip(trainers, clients)):
                 trainer.load_payload(payloads[c])
                 torch.manual_seed(c * 10_007 + rnd)
-                metrics = trainer.train(int(cfg["local-epochs"]))
+                metrics = trainer.train(own.local_epochs)
                 updates[c] = ClientUpdate(trainer.upload(), trainer.signature(),
                                           int(data.train_mask.sum()), metrics)
             payloads.update(aggregator.aggregate(rnd, updates).payloads)

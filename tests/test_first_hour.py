@@ -262,7 +262,7 @@ def test_local_superlink_is_read_from_the_flower_config(tmp_path):
 
 @pytest.mark.parametrize("run_config, words", [
     ("fedaux-sigmaa=2", "unknown config key 'fedaux-sigmaa'; did you mean 'fedaux-sigma'?"),
-    ("lr=-0.01", "lr must be positive"),
+    ("lr=-0.01", "lr=-0.01 is out of range: must be > 0"),
     ("dataset='Corra'", "unknown dataset 'Corra'"),
     ("algorithm='fedavg' fedaux-sigma=2", "fedaux-sigma is an option of fedaux"),
     ("config-file='configs/nope.yaml'", "does not exist"),

@@ -11,6 +11,7 @@ from fedgraph_flwr.algorithms.fedaux import FedAuxAggregator
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator
 from fedgraph_flwr.algorithms.fediih import FedIIHAggregator
 from fedgraph_flwr.algorithms.mixing import average, cosine_similarity, mix, row_softmax
+from fedgraph_flwr.config import RunConfig
 
 ORDERS = [{"normalise_first": True}, {"normalise_first": False}]
 
@@ -32,6 +33,10 @@ def test_cosine_known_angle_symmetry_and_zero_vector(order):
     assert sim[0, 1] == pytest.approx(np.sqrt(0.5))
     np.testing.assert_array_equal(sim, sim.T)
     assert np.isfinite(sim).all() and (sim[2] == 0).all()  # no NaN: the norm floor
+
+
+def _config(keys: dict) -> RunConfig:
+    return RunConfig.from_config(keys)
 
 
 def test_cosine_clip_keeps_rounding_inside_minus_one_one():
@@ -161,7 +166,8 @@ def test_fedaux_keeps_non_float_arrays_per_client(server):
     ups = updates_with_a_counter([{"apv": rng.normal(size=4).astype(np.float32),
                                    "conv.weight": rng.normal(size=(2, 2)).astype(np.float32)}
                                   for _ in range(3)])
-    res = FedAuxAggregator({"fedaux-server": server}, sorted(ups), {}).aggregate(1, ups)
+    config = _config({"algorithm": "fedaux", "fedaux-server": server})
+    res = FedAuxAggregator(config, sorted(ups), {}).aggregate(1, ups)
     for c, up in ups.items():
         np.testing.assert_array_equal(res.payloads[c]["counter"], up.arrays["counter"])
 
@@ -171,7 +177,8 @@ def test_fedavg_keeps_non_float_arrays_per_client(dtype):
     rng = np.random.default_rng(4)
     ups = updates_with_a_counter([{"lin.weight": rng.normal(size=(2, 3)).astype(np.float32)}
                                   for _ in range(3)])
-    res = FedAvgAggregator({"server-mix-dtype": dtype}, sorted(ups), {}).aggregate(1, ups)
+    config = _config({"algorithm": "fedavg", "server-mix-dtype": dtype})
+    res = FedAvgAggregator(config, sorted(ups), {}).aggregate(1, ups)
     weights = np.array([5, 6, 7]) / 18
     expected = np.tensordot(weights, np.stack([u.arrays["lin.weight"] for u in ups.values()]), 1)
     for payload in res.payloads.values():
@@ -191,7 +198,8 @@ def test_fediih_keeps_non_float_arrays_per_client(num_factors):
     ups = updates_with_a_counter(
         arrays, mu=rng.normal(size=(m, num_factors, d)).astype(np.float32),
         logvar=(0.3 * rng.normal(size=(m, num_factors, d))).astype(np.float32))
-    res = FedIIHAggregator({"fediih-factors": num_factors}, sorted(ups), {}).aggregate(1, ups)
+    res = FedIIHAggregator(_config({"algorithm": "fediih", "fediih-factors": num_factors}), sorted(ups),
+                           {}).aggregate(1, ups)
     for payload in res.payloads.values():
         assert "counter" not in payload
         assert {n: a.dtype for n, a in payload.items() if n in arrays[0]} == {

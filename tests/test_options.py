@@ -16,11 +16,14 @@ from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions
 from fedgraph_flwr.algorithms.fedprox import FedProxAggregator
 from fedgraph_flwr.algorithms.fedspray import FedSprayOptions
 from fedgraph_flwr.config import (
-    CLIENT_KEYS,
-    COMMON_DEFAULTS,
+    ClientConfig,
+    ClientSettings,
     ConfigError,
+    RunConfig,
+    ServerSettings,
     all_defaults,
-    client_config,
+    client_keys,
+    common_defaults,
     main,
     pyproject_with_block,
     resolve_config,
@@ -63,7 +66,7 @@ def test_bad_option_is_one_line_naming_the_key(overrides, message):
 def test_another_algorithms_option_counts_only_when_explicit(tmp_path):
     # Flower hands the ServerApp every pyproject key: other algorithms' at their defaults pass.
     flwr = dict(all_defaults(), algorithm="fedavg", **{"fedaux-sigma": 1})
-    assert resolve_config(flwr)["algorithm"] == "fedavg"
+    assert resolve_config(flwr).algorithm == "fedavg"
     # A value that differs from the default was set on purpose: refused.
     flwr["fedaux-sigma"] = 2.0
     assert one_line_error(flwr) == "fedaux-sigma is an option of fedaux, not of algorithm=fedavg"
@@ -82,25 +85,44 @@ def test_another_algorithms_option_counts_only_when_explicit(tmp_path):
 
 
 def test_resolved_options_are_typed_and_other_algorithms_keep_their_defaults():
-    cfg = resolve_config({}, {"fedaux-sigma": "2", "fedaux-hard-kernel": 5.0, "fedaux-masked": "no"})
-    assert cfg["fedaux-sigma"] == 2.0 and isinstance(cfg["fedaux-sigma"], float)
-    assert cfg["fedaux-hard-kernel"] == 5 and isinstance(cfg["fedaux-hard-kernel"], int)
-    assert cfg["fedaux-masked"] is False
-    assert set(cfg) == set(all_defaults())  # results.json keeps every key
-    assert cfg["fedpub-tau"] == 10.0
+    cfg = resolve_config({}, {"fedaux-sigma": "2", "fedaux-hard-kernel": 5.0, "fedaux-masked": "no",
+                              "rounds": "7"})
+    assert isinstance(cfg, RunConfig) and cfg.rounds == 7
+    opts = cfg.options_of(FedAuxOptions)
+    assert opts.sigma == 2.0 and isinstance(opts.sigma, float)
+    assert opts.hard_kernel == 5 and isinstance(opts.hard_kernel, int)
+    assert opts.masked is False
+    assert set(cfg.all_keys()) == set(all_defaults())  # results.json keeps every key
+    assert cfg.all_keys()["fedpub-tau"] == 10.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rounds = 3  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="^algorithm=fedaux has FedAuxOptions, not FedSprayOptions$"):
+        cfg.options_of(FedSprayOptions)
+
+
+def test_common_keys_are_declared_with_a_doc_and_split_between_client_and_server():
+    assert list(common_defaults()) == [*ClientSettings.keys(), *ServerSettings.keys()]
+    assert len(ClientSettings.keys()) == 27 and len(ServerSettings.keys()) == 12
+    docs = {**ClientSettings.docs(), **ServerSettings.docs()}
+    assert all(doc.strip() and "\n" not in doc for doc in docs.values())
+    assert ClientSettings.ranges()["dropout"] == "in [0, 1)"
 
 
 def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
     cfg = resolve_config({}, {"fedaux-sigma": 0.5})
-    sent = client_config(cfg)
-    assert len(CLIENT_KEYS) == 27 and set(CLIENT_KEYS) <= set(COMMON_DEFAULTS)
-    assert len(sent) == 39  # 27 common + 12 fedaux-*
-    assert list(sent) == [*CLIENT_KEYS, *FedAuxOptions.keys()]
+    client = cfg.client_config(server_round=3)
+    assert type(client) is ClientConfig
+    sent = client.to_config()
+    assert len(client_keys()) == 27
+    assert len(sent) == 40  # 27 common + 12 fedaux-* + server-round
+    assert list(sent) == [*client_keys(), *FedAuxOptions.keys(), "server-round"]
     assert sent["fedaux-sigma"] == 0.5
     assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",
                                  "fedavg-")) for k in sent)
-    assert not {"output-dir", "round-timeout", "server-mix-dtype", "verbose"} & set(sent)
-    assert list(client_config(resolve_config({}, {"algorithm": "local"}))) == list(CLIENT_KEYS)
+    assert not set(ServerSettings.keys()) & set(sent)
+    assert ClientConfig.from_config(sent) == client  # the wire form reads back as it was
+    local = resolve_config({}, {"algorithm": "local"}).client_config()
+    assert list(local.to_config()) == list(client_keys())
 
 
 def test_pyproject_block_is_generated_and_current(tmp_path):

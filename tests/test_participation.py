@@ -32,7 +32,7 @@ def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp
         before = {c: {k: v.copy() for k, v in fed.payload_for(c).items()} for c in range(4)}
         replies = {}
         for c in sampled:
-            out = rt.phase_round(graphs[c], NUM_CLASSES, dict(fed.client_config(server_round)),
+            out = rt.phase_round(graphs[c], NUM_CLASSES, fed.client_config(server_round),
                                  TRAIN_PHASE, fed.payload_for(c), states.get(c), server_round, c,
                                  torch.device("cpu"))
             states[c] = out.state

@@ -94,11 +94,11 @@ def test_one_deadline_per_round_shared_by_its_phases(tmp_path, synthetic_root):
         def refresh(self, config, deadline=None):
             deadlines.append(deadline - time.monotonic())
 
-        def exchange(self, phase, requests, config, timeout, client_configs=None):
-            seen.append((int(config["server-round"]), phase.name, timeout))
+        def exchange(self, phase, requests, timeout):
+            seen.append((next(iter(requests.values())).config.server_round, phase.name, timeout))
             if phase.name == "probe":
                 time.sleep(0.5)
-            return super().exchange(phase, requests, config, timeout, client_configs)
+            return super().exchange(phase, requests, timeout)
 
     cfg = resolve_config(None, _config(synthetic_root, tmp_path, "deadline", rounds=2,
                                        **{"round-timeout": 5.0}))

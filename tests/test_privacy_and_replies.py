@@ -8,7 +8,7 @@ import torch
 from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import ALGORITHMS
-from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.config import RunConfig, resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import ClientReply, Federation
 
@@ -38,12 +38,11 @@ def _graph(n: int, seed: int) -> Data:
     return graph
 
 
-def _config(algorithm: str) -> dict:
+def _config(algorithm: str) -> RunConfig:
     cfg = resolve_config(None, {"algorithm": algorithm, "hidden": 8, "num-clients": 2,
                                 "dataset": "SBM"})
-    cfg.update({"server-round": 1, "num-classes-global": NUM_CLASSES,
-                "num-features-global": NUM_FEATURES, "run-name": "privacy"})
-    return cfg
+    return cfg.with_keys({"server-round": 1, "num-classes-global": NUM_CLASSES,
+                          "num-features-global": NUM_FEATURES, "run-name": "privacy"})
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -116,8 +115,7 @@ def test_poisoned_replies_are_rejected_and_never_aggregated(tmp_path):
 
 
 def test_min_clients_makes_a_short_round_void(tmp_path):
-    fed = _federation(tmp_path)
-    fed.config["min-clients"] = 2
+    fed = _federation(tmp_path, **{"min-clients": 2})
     good = {k: np.full_like(v, 1.0) for k, v in fed.initial.items()}
     reply = ClientReply(good, {}, contract_metrics(**{"num-train": 10.0}))
     record = fed.complete_round(1, [0, 1, 2], {0: reply}, {1: "missing", 2: "missing"}, {})

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedgraph_flwr.config import ConfigError
+from fedgraph_flwr.config import ClientConfig, ConfigError, RunConfig
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import make_client_app
@@ -157,8 +157,8 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path, data_root):
 
 
 def test_client_state_files_keep_the_previous_round_and_ignore_other_runs(tmp_path):
-    cfg = {"client-state-dir": str(tmp_path), "run-name": "x", rt.STATE_TOKEN_KEY: "aaa"}
-    other_run = dict(cfg, **{rt.STATE_TOKEN_KEY: "bbb"})
+    cfg = ClientConfig(client_state_dir=str(tmp_path), run_name="x", client_state_token="aaa")
+    other_run = cfg.with_round(client_state_token="bbb")
     rt.save_state_file(other_run, 0, 5, b"other run")
     assert rt.load_state_file(cfg, 0, 6) is None  # never another run's state
     assert rt.load_state_file(cfg, 0, 1) is None
@@ -182,8 +182,8 @@ def test_supernodes_sharing_a_host_keep_their_state_in_distinct_folders(tmp_path
     private folder, and neither lists, reads or prunes the other's files."""
     monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # ~/.cache/fedgraph-flwr, here
-    cfg = {"run-name": "shared", "client-state-dir": "", "data-root": "",
-           rt.STATE_TOKEN_KEY: "tok"}
+    cfg = ClientConfig(run_name="shared", client_state_dir="", data_root="",
+                       client_state_token="tok")
     a, b = rt.state_dir(cfg, 0), rt.state_dir(cfg, 1)
     assert rt.state_dir(cfg) == tmp_path / "fedgraph-flwr" / "client-state" / "shared"
     assert a != b and a.parent == b.parent == rt.state_dir(cfg)
@@ -201,7 +201,7 @@ def test_a_checkpoint_written_in_the_background_is_whole_when_read(tmp_path):
     from fedgraph_flwr.engine.checkpoint import Checkpointer
 
     ckpt = Checkpointer(tmp_path)
-    config = {"algorithm": "fedavg", "seed": 0}
+    config = RunConfig(algorithm="fedavg", seed=0)
     for rnd in (1, 2, 3):
         ckpt.save(config, {"round": rnd, "payloads": {0: {"w": np.full(4096, float(rnd))}},
                            "diagnostics": {}},
@@ -216,7 +216,7 @@ def test_a_background_checkpoint_that_cannot_be_written_fails_at_the_next_wait(t
 
     (tmp_path / "out").write_text("a file where the run's folder should be")
     ckpt = Checkpointer(tmp_path / "out")
-    ckpt.save({}, {"round": 1}, background=True)  # returns at once
+    ckpt.save(RunConfig(), {"round": 1}, background=True)  # returns at once
     with pytest.raises(OSError):
         ckpt.wait()
     ckpt.wait()  # reported once

@@ -85,9 +85,8 @@ adapter: every model here emits C = 2 logits, so P_g and LP have two columns (sp
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -101,11 +100,14 @@ from ..nn.adafgl_homo import HomoPropagation
 from ..nn.chebnet import ChebNet
 from ..nn.gamlp import normalized_adjacency, propagate_hops
 from ..nn.gcn import GCN
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Config, Phase, PhaseReply
+from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedgta import label_propagation
 from .mixing import average
 from .options import ConfigError, Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 EXTRACT = Phase("extract")
 EXTRACTORS = ("chebnet", "gcn")
@@ -168,9 +170,9 @@ class AdaFGLOptions(Options, prefix="adafgl"):
         extra = 0 if self.schedule == "one-round" else self.epochs - 1
         return self.delivery_round + extra
 
-    def check_run(self, config: Mapping[str, Any]) -> None:
+    def check_run(self, config: RunConfig) -> None:
         """Step 2 must fit in the run: otherwise no round would be scored."""
-        rounds, needed = int(config["rounds"]), self.rounds_needed()
+        rounds, needed = config.rounds, self.rounds_needed()
         if rounds < needed:
             raise ConfigError(
                 f"rounds={rounds} leaves no room for AdaFGL's step 2: it needs rounds >= {needed} "
@@ -300,7 +302,7 @@ class AdaFGLTrainer(SupervisedTrainer):
     options: AdaFGLOptions
     phases = (EXTRACT, TRAIN_PHASE)
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         self.adjacency = normalized_adjacency(self.data.edge_index, self.data.num_nodes,
                                               self.options.r)
@@ -318,11 +320,11 @@ class AdaFGLTrainer(SupervisedTrainer):
         self._smooth: torch.Tensor | None = None
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        opts = AdaFGLOptions.from_config(config)
-        hidden, dropout = int(config["hidden"]), float(config["dropout"])
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        opts = config.options_of(AdaFGLOptions)
+        hidden, dropout = config.hidden, config.dropout
         if opts.extractor == "gcn":
-            return GCN(num_features, hidden, num_classes, num_layers=int(config["num-layers"]),
+            return GCN(num_features, hidden, num_classes, num_layers=config.num_layers,
                        dropout=dropout)
         return ChebNet(num_features, hidden, num_classes, k=opts.cheb_k, num_layers=2,
                        dropout=dropout)
@@ -334,7 +336,7 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     # --- what travels: the extractor, in the extract phase only ---------------------
     @classmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         # The train phase never carries a model (step 2 uploads nothing); round 1's extract
         # request is empty too: every client builds the same initial extractor from the seed.
         return {}
@@ -364,7 +366,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         if phase != EXTRACT:
             return super().run_phase(phase, arrays)
         opts = self.options
-        server_round = int(self.config["server-round"])
+        server_round = self.config.server_round
         metrics: dict[str, float] = {NODES_KEY: float(self.data.num_nodes)}
         if arrays:
             self.load_model(arrays)
@@ -372,7 +374,7 @@ class AdaFGLTrainer(SupervisedTrainer):
             metrics.update(self.model_scores())  # θ_(r-1), before local training
             if opts.fresh_optimizer:
                 self.optimizer = self.build_optimizer()
-            self.step1_loss = SupervisedTrainer.train(self, int(self.config["local-epochs"]))[
+            self.step1_loss = SupervisedTrainer.train(self, self.config.local_epochs)[
                 "train_loss"]
             return PhaseReply(arrays=self.model_arrays(), metrics=metrics)
         if arrays and opts.checkpoint == "best" and server_round == opts.rounds_step1 + 1:
@@ -415,15 +417,15 @@ class AdaFGLTrainer(SupervisedTrainer):
         opts = self.options
         d = self.data.num_features
         smooth = (opts.prop_steps + 1) * d
-        hidden, dropout = int(self.config["hidden"]), float(self.config["dropout"])
+        hidden, dropout = self.config.hidden, self.config.dropout
         use_homo, use_hete = self.uses()
         self.homo = (HomoPropagation(smooth, hidden, self.num_classes, 2, dropout)
                      .to(self.device) if use_homo else None)
         self.hete = (HeteroPropagation(d, smooth, hidden, self.num_classes, 3, dropout, opts.beta)
                      .to(self.device) if use_hete else None)
         params = [p for m in (self.homo, self.hete) if m is not None for p in m.parameters()]
-        self.step2_optimizer = torch.optim.Adam(params, lr=float(self.config["lr"]),
-                                                weight_decay=float(self.config["weight-decay"]))
+        self.step2_optimizer = torch.optim.Adam(params, lr=self.config.lr,
+                                                weight_decay=self.config.weight_decay)
 
     @property
     def smooth(self) -> torch.Tensor:
@@ -566,7 +568,7 @@ class AdaFGLAggregator(Aggregator):
     options_class = AdaFGLOptions
     options: AdaFGLOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         self.global_arrays: Arrays = {}  # θ_r; empty before round 1 (clients build θ_0)
         self.best_arrays: Arrays = {}

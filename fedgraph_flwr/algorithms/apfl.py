@@ -20,16 +20,18 @@ Knobs: ``apfl-alpha`` (initial α, 0.25: the smallest of the fixed α values APF
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 from torch_geometric.data import Data
 
-from .base import Config
 from .fedavg import FedAvgAggregator, GCNTrainer
 from .options import Options, option
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,14 @@ class APFLTrainer(GCNTrainer):
     options_class = APFLOptions
     options: APFLOptions
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         # v starts from the same initial model as w (same seed), as in APFL.
-        torch.manual_seed(int(config["seed"]))
+        torch.manual_seed(config.seed)
         self.local_model = self.build_model(data.num_features, num_classes, config).to(device)
         self.local_optimizer = torch.optim.Adam(
-            self.local_model.parameters(), lr=float(config["lr"]),
-            weight_decay=float(config["weight-decay"]))
+            self.local_model.parameters(), lr=config.lr,
+            weight_decay=config.weight_decay)
         self.alpha = torch.tensor(self.options.alpha, device=device)
 
     def mixed_params(self, alpha: torch.Tensor, detach_global: bool = True) -> dict[str, torch.Tensor]:

@@ -46,16 +46,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from .options import Options
+from .options import ConfigError, Options
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 Arrays = dict[str, np.ndarray]
-Config = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,9 @@ class AggregateResult:
 class ClientTrainer(ABC):
     """Client side of an algorithm: local model(s), local training, evaluation.
 
-    ``self.options`` holds the algorithm's own keys of ``config``, typed and validated
-    (``options_class``, the class the algorithm is registered with); the common keys
-    (``hidden``, ``lr``, ...) are read from ``self.config``.
+    ``self.config`` is the typed :class:`~fedgraph_flwr.config.ClientConfig` (common keys
+    such as ``hidden``, ``lr``; this round's facts); ``self.options`` its algorithm's
+    options (``options_class``, the class the algorithm is registered with).
     """
 
     options_class: ClassVar[type[Options]] = Options
@@ -149,9 +151,9 @@ class ClientTrainer(ABC):
     per_node_arrays: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
-        self, data: Data, config: Config, num_classes: int, device: torch.device
+        self, data: Data, config: ClientConfig, num_classes: int, device: torch.device
     ) -> None:
-        self.options = self.options_class.from_config(config)
+        self.options = _own_options(type(self), config.options)
         self.data = data.to(device)
         self.config = config
         self.num_classes = num_classes
@@ -159,7 +161,7 @@ class ClientTrainer(ABC):
 
     @classmethod
     @abstractmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         """The global initial model the server broadcasts in round 1.
 
         Must equal ``upload()`` of a freshly built trainer under the same seed.
@@ -206,13 +208,14 @@ class ClientTrainer(ABC):
 class Aggregator(ABC):
     """Server side of an algorithm: turns client updates into personalized payloads.
 
-    ``self.options``: the algorithm's typed options, as in :class:`ClientTrainer`.
+    ``self.config``: the typed :class:`~fedgraph_flwr.config.RunConfig`; ``self.options``
+    its algorithm's options, as in :class:`ClientTrainer`.
     """
 
     options_class: ClassVar[type[Options]] = Options
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
-        self.options = self.options_class.from_config(config)
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
+        self.options = _own_options(type(self), config.options)
         self.config = config
         self.client_ids = list(client_ids)
         self.initial = initial
@@ -235,7 +238,7 @@ class Aggregator(ABC):
     @property
     def mix_dtype(self) -> np.dtype:
         """dtype of personalized mixing (``server-mix-dtype``); weights are float64 either way."""
-        return np.dtype(str(self.config.get("server-mix-dtype", "float64")))
+        return np.dtype(self.config.server_mix_dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state beyond the payloads, for checkpoint/resume."""
@@ -243,3 +246,12 @@ class Aggregator(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore :meth:`state_dict`."""
+
+
+def _own_options(part: type[ClientTrainer] | type[Aggregator], options: Options) -> Options:
+    """``options`` if they are ``part``'s own kind (a trainer or aggregator reused by another
+    algorithm, as FedProx's server is FedAvg's, takes that algorithm's options)."""
+    if isinstance(options, part.options_class):
+        return options
+    raise ConfigError(f"{part.__name__} takes {part.options_class.__name__}, "
+                      f"not {type(options).__name__}")

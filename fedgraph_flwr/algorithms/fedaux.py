@@ -31,7 +31,7 @@ cosine (default) is the code's, behind the reported numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,10 +39,13 @@ from scipy.linalg import eigh
 
 from ..nn.apv_kernel import KERNEL_IMPLS, SCORE_MODES
 from ..nn.fedaux_net import APV_INITS, CLASSIFIER_INITS, HEADS, VARIANTS, FedAuxNet
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import cosine_similarity, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 SERVER_MODES = ("personalized", "average")
 APV_KEY = "apv"
@@ -94,11 +97,11 @@ class FedAuxTrainer(SupervisedTrainer):
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> FedAuxNet:
-        opts = FedAuxOptions.from_config(config)
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> FedAuxNet:
+        opts = config.options_of(FedAuxOptions)
         return FedAuxNet(
-            num_features, int(config["hidden"]), num_classes,
-            dropout=float(config["dropout"]),
+            num_features, config.hidden, num_classes,
+            dropout=config.dropout,
             masked=opts.masked,
             variant=opts.variant,
             score_mode=opts.score,
@@ -109,7 +112,7 @@ class FedAuxTrainer(SupervisedTrainer):
             hard_kernel_size=opts.hard_kernel,
             head=opts.head,
             classifier_init=opts.classifier_init,
-            num_layers=int(config.get("num-layers", 2)),
+            num_layers=config.num_layers,
         )
 
     def signature(self) -> Arrays:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -10,10 +11,13 @@ from torch import nn
 
 from ..nn.gcn import GCN
 from ..nn.personal_gnn import PersonalGNN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import average
 from .options import Options, option
 from .supervised import SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 WEIGHTINGS = ("train", "uniform")
 
@@ -36,13 +40,13 @@ class GCNTrainer(SupervisedTrainer):
     options_class = FedAvgOptions
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        backbone = str(config.get("gnn", "gcn"))
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        backbone = config.gnn
         if backbone == "gcn":
-            return GCN(num_features, int(config["hidden"]), num_classes,
-                       num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
-        return PersonalGNN(num_features, int(config["hidden"]), num_classes, backbone=backbone,
-                           num_layers=int(config["num-layers"]), dropout=float(config["dropout"]))
+            return GCN(num_features, config.hidden, num_classes,
+                       num_layers=config.num_layers, dropout=config.dropout)
+        return PersonalGNN(num_features, config.hidden, num_classes, backbone=backbone,
+                           num_layers=config.num_layers, dropout=config.dropout)
 
 
 def weighted_average(updates: dict[int, ClientUpdate], weighting: str,

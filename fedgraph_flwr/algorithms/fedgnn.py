@@ -88,7 +88,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -97,10 +97,13 @@ from torch import nn
 from torch_geometric.data import Data
 
 from ..nn.fedgnn_net import FedGNNNet
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Config, Phase, PhaseReply
+from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import WEIGHTINGS, weighted_average
 from .options import Options, option
 from .supervised import SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 EMBED = Phase("embed")
 EXPAND = Phase("expand")
@@ -260,17 +263,17 @@ class FedGNNTrainer(SupervisedTrainer):
     per_node_arrays = PER_NODE
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
-        hidden = int(config["hidden"])
+        hidden = config.hidden
         self.virtual = torch.zeros(0, hidden, device=device)  # [m, h]
         self.virtual_edges = torch.zeros(2, 0, dtype=torch.long, device=device)  # [2, k]
         self._node_hash: np.ndarray | None = None
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        return FedGNNNet(num_features, int(config["hidden"]), num_classes,
-                         dropout=float(config["dropout"]))
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        return FedGNNNet(num_features, config.hidden, num_classes,
+                         dropout=config.dropout)
 
     @property
     def node_hash(self) -> np.ndarray:
@@ -313,7 +316,7 @@ class FedGNNTrainer(SupervisedTrainer):
 
     def expand(self, arrays: Arrays) -> PhaseReply:
         """Keep the server's virtual neighbours for this round's training and evaluation."""
-        hidden = int(self.config["hidden"])
+        hidden = self.config.hidden
         virtual = arrays.get("virtual_embedding", np.zeros((0, hidden), np.float32))
         source = np.asarray(arrays.get("virtual_source", np.zeros(0, np.int64)), dtype=np.int64)
         target_hash = np.asarray(arrays.get("virtual_target", np.zeros(0, np.int64)), dtype=np.int64)
@@ -342,7 +345,7 @@ class FedGNNTrainer(SupervisedTrainer):
         opts = self.options
         if opts.ldp == "code":
             batch = max(int(self.data.train_mask.sum()), 1)
-            return float(self.config["lr"]) * 2 * opts.ldp_clip / math.sqrt(batch) / opts.ldp_epsilon
+            return self.config.lr * 2 * opts.ldp_clip / math.sqrt(batch) / opts.ldp_epsilon
         if opts.ldp == "paper":
             return 2 * opts.ldp_clip / opts.ldp_epsilon
         return 0.0
@@ -397,10 +400,10 @@ class FedGNNAggregator(Aggregator):
     options_class = FedGNNOptions
     options: FedGNNOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         self.global_arrays: Arrays = initial
-        self.hidden = int(config["hidden"])
+        self.hidden = config.hidden
         self.expansions: dict[int, Arrays] = {}
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:

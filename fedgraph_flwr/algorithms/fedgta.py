@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -77,10 +78,13 @@ from torch_geometric.data import Data
 
 from ..nn.gamlp import GAMLP, GATE_LAYOUTS, normalized_adjacency, propagate_hops
 from ..nn.gcn import GCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import cosine_similarity, mix
 from .options import Options, option
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 BACKBONES = ("gamlp", "gcn")
 LP_VARIANTS = ("code", "openfgl")
@@ -229,7 +233,7 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
     options: FedGTAOptions
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         opts = self.options
         data = self.data
@@ -244,11 +248,11 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
                      if opts.backbone == "gamlp" else None)
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        opts = FedGTAOptions.from_config(config)
-        hidden, dropout = int(config["hidden"]), float(config["dropout"])
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        opts = config.options_of(FedGTAOptions)
+        hidden, dropout = config.hidden, config.dropout
         if opts.backbone == "gcn":
-            return GCN(num_features, hidden, num_classes, num_layers=int(config["num-layers"]),
+            return GCN(num_features, hidden, num_classes, num_layers=config.num_layers,
                        dropout=dropout)
         return GAMLP(num_features, hidden, num_classes, num_hops=opts.prop_steps,
                      num_layers=opts.mlp_layers, dropout=dropout, gate_layout=opts.gate_layout)

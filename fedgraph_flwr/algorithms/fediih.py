@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -56,10 +56,13 @@ from ..nn.hvgae import (
     hvgae_loss,
     resolve_recon_method,
 )
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import average, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 MODES = ("code", "paper")
 
@@ -107,7 +110,7 @@ class FedIIHTrainer(SupervisedTrainer):
     options_class = FedIIHOptions
     options: FedIIHOptions
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer
         opts = self.options
         self.mode = opts.mode
@@ -119,17 +122,17 @@ class FedIIHTrainer(SupervisedTrainer):
         self.recon_columns = opts.recon_columns
         self.recon_block_rows = opts.recon_block_rows
         num_factors = opts.factors
-        factor_channels = int(config["hidden"])
+        factor_channels = config.hidden
         _, branch_layers = routing_layer_split(opts.routing_layers)
         self.branches = VariationalRoutingBranches(
             num_factors, branch_layers, opts.routing_iters,
-            dropout=float(config["dropout"]), routing_tau=opts.routing_tau,
+            dropout=config.dropout, routing_tau=opts.routing_tau,
             routing_kernel=opts.routing_kernel,
         ).to(device)
         # α̂ ~ N(0, 1), local and persistent; α̃ ~ N(0, I) until the server sends one (§9.6).
         self.alpha_local = nn.Parameter(torch.randn(num_factors, factor_channels, device=device))
         self.alpha_global = torch.randn(num_factors, factor_channels, device=device)
-        lr, wd = float(config["lr"]), float(config["weight-decay"])
+        lr, wd = config.lr, config.weight_decay
         self.vae_optimizer = torch.optim.Adam([self.alpha_local], lr=lr, weight_decay=wd)
         self.encoder_optimizer = (
             torch.optim.Adam(self.model.pca.parameters(), lr=lr, weight_decay=wd)
@@ -139,13 +142,13 @@ class FedIIHTrainer(SupervisedTrainer):
         self.posterior_logvar: torch.Tensor | None = None  # [K, d_k]
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> DisenGCN:
-        opts = FedIIHOptions.from_config(config)
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> DisenGCN:
+        opts = config.options_of(FedIIHOptions)
         trunk_layers, _ = routing_layer_split(opts.routing_layers)
         return DisenGCN(
-            num_features, int(config["hidden"]), output_width(num_classes),
+            num_features, config.hidden, output_width(num_classes),
             num_factors=opts.factors, trunk_layers=trunk_layers,
-            iterations=opts.routing_iters, dropout=float(config["dropout"]),
+            iterations=opts.routing_iters, dropout=config.dropout,
             routing_tau=opts.routing_tau, routing_kernel=opts.routing_kernel,
         )
 

@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -104,10 +104,13 @@ from torch import nn
 from torch_geometric.data import Data
 
 from ..nn.multichannel_gcn import CHANNEL_CONVS, CHANNEL_PREFIX, SHARED_PREFIXES, MultiChannelGCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import average, cosine_similarity
 from .options import Options, option
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 DOWNLOADS = ("own", "last-client")
 MATCH_MAPS = ("matched", "inverse")
@@ -262,7 +265,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
     options: FedLitOptions
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         self.pairs = undirected_pairs(self.data.edge_index)
         self.centroids: torch.Tensor | None = None  # [K, 2h]; None until the first k-means
@@ -270,12 +273,12 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
                                          device=self.device)
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        opts = FedLitOptions.from_config(config)
-        return MultiChannelGCN(num_features, int(config["hidden"]), num_classes,
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        opts = config.options_of(FedLitOptions)
+        return MultiChannelGCN(num_features, config.hidden, num_classes,
                                num_link_types=opts.link_types,
-                               num_layers=int(config["num-layers"]),
-                               dropout=float(config["dropout"]), conv=opts.gnn)
+                               num_layers=config.num_layers,
+                               dropout=config.dropout, conv=opts.gnn)
 
     def edge_types(self, h: torch.Tensor, update: bool) -> torch.Tensor:
         """Each edge's type [m] from h [n, d] (detached here). ``update``: the training
@@ -284,7 +287,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
         embeddings = edge_embeddings(h.detach(), self.pairs)
         opts = self.options
         if self.centroids is None:
-            centroids, types = kmeans_init(embeddings, opts.link_types, int(self.config["seed"]))
+            centroids, types = kmeans_init(embeddings, opts.link_types, self.config.seed)
             if update:
                 self.centroids = centroids
             return types
@@ -328,7 +331,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
         if self.centroids is None:  # never trained: k-means of the current model, not kept
             h = self.model.project(self.data.x)
             centroids, _ = kmeans_init(edge_embeddings(h.detach(), self.pairs),
-                                       self.options.link_types, int(self.config["seed"]))
+                                       self.options.link_types, self.config.seed)
         else:
             centroids = self.centroids
         return {CENTROIDS_KEY: centroids.detach().cpu().numpy().astype(np.float32),
@@ -354,7 +357,7 @@ class FedLitAggregator(Aggregator):
     options_class = FedLitOptions
     options: FedLitOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         self.global_arrays: Arrays = dict(initial)  # channels indexed by global type
         self.centres: np.ndarray | None = None  # [K, 2h] float64

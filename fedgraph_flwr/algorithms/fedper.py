@@ -11,13 +11,17 @@ has no algorithm-specific config key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch_geometric.data import Data
 
-from .base import Arrays, Config
+from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
 from .options import Options
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -25,9 +29,9 @@ class FedPerOptions(Options, prefix="fedper"):
     """FedPer has no options of its own (the head is the backbone's last layer)."""
 
 
-def head_prefix(config: Config) -> str:
+def head_prefix(config: ClientConfig) -> str:
     """Parameter-name prefix of the personal head: the last GCN layer (trailing dot: convs.1 ≠ convs.10)."""
-    return f"convs.{int(config['num-layers']) - 1}."
+    return f"convs.{config.num_layers - 1}."
 
 
 class FedPerTrainer(GCNTrainer):
@@ -35,7 +39,7 @@ class FedPerTrainer(GCNTrainer):
 
     options_class = FedPerOptions
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         self.local_keys = (head_prefix(config),)
 
@@ -43,7 +47,7 @@ class FedPerTrainer(GCNTrainer):
         return name.startswith(self.local_keys[0])
 
     @classmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         head = head_prefix(config)
         full = super().initial_arrays(num_features, num_classes, config)
         return {k: v for k, v in full.items() if not k.startswith(head)}

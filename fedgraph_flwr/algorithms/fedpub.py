@@ -36,6 +36,7 @@ the same weight and a zero bias (on Cora-10 the two are within noise, docs/resul
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,10 +46,13 @@ from torch_geometric.data import Data
 from torch_geometric.utils import stochastic_blockmodel_graph
 
 from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .mixing import cosine_similarity, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 MASK_KEY = "mask"
 CLASSIFIER_INITS = ("glorot", "xavier")
@@ -114,10 +118,11 @@ class MaskedGCN(nn.Module):
         return self.classifier(x)
 
 
-def build_masked_gcn(num_features: int, num_classes: int, config: Config, cached: bool = True) -> MaskedGCN:
-    return MaskedGCN(num_features, int(config["hidden"]), num_classes,
-                     num_layers=int(config["num-layers"]), dropout=float(config["dropout"]),
-                     cached=cached, classifier_init=FedPubOptions.from_config(config).classifier_init)
+def build_masked_gcn(num_features: int, num_classes: int, config: ClientConfig,
+                     cached: bool = True) -> MaskedGCN:
+    return MaskedGCN(num_features, config.hidden, num_classes,
+                     num_layers=config.num_layers, dropout=config.dropout,
+                     cached=cached, classifier_init=config.options_of(FedPubOptions).classifier_init)
 
 
 class FedPubTrainer(SupervisedTrainer):
@@ -128,7 +133,7 @@ class FedPubTrainer(SupervisedTrainer):
     received: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> MaskedGCN:
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> MaskedGCN:
         return build_masked_gcn(num_features, num_classes, config)
 
     def load_payload(self, arrays: Arrays) -> None:
@@ -144,7 +149,7 @@ class FedPubTrainer(SupervisedTrainer):
     def extra_loss(self) -> torch.Tensor | float:
         l1, loc_l2, with_grad = self.options.l1, self.options.loc_l2, self.options.reg_grad
         # FED-PUB skips the proximal term in the first round (curr_rnd == 0).
-        first_round = int(self.config.get("server-round", 2)) <= 1
+        first_round = self.config.server_round == 1  # (0: no round given, as in unit tests)
         loss = torch.zeros((), device=self.device)
         for name, param in self.model.named_parameters():
             p = param if with_grad else param.detach()
@@ -191,15 +196,16 @@ class FedPubAggregator(Aggregator):
     options_class = FedPubOptions
     options: FedPubOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         # The server rebuilds the clients' model class from config + the arrays' shapes.
         num_features = int(initial["convs.0.lin.weight"].shape[1])
         num_classes = int(initial["classifier.weight"].shape[0])
         with torch.random.fork_rng(devices=[]):
-            self.model = build_masked_gcn(num_features, num_classes, config, cached=True)
+            self.model = build_masked_gcn(num_features, num_classes, config.client_config(),
+                                          cached=True)
         self.model.eval()
-        self.proxy = proxy_graph(num_features, self.options, int(config["seed"]))
+        self.proxy = proxy_graph(num_features, self.options, config.seed)
 
     @torch.no_grad()
     def functional_embedding(self, arrays: Arrays) -> np.ndarray:

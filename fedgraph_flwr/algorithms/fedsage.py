@@ -94,7 +94,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -105,10 +105,13 @@ from torch_geometric.utils import coalesce, remove_self_loops
 
 from ..nn.neighgen import CONVS, NeighGen
 from ..nn.sage_classifier import SageClassifier
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Config, Phase, PhaseReply
+from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
 from .mixing import average
 from .options import Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 PRETRAIN = Phase("pretrain", when="before-first-round")
 GEN_SEND = Phase("gen_send")
@@ -362,7 +365,7 @@ class FedSageTrainer(SupervisedTrainer):
     #: The paper's protocol relays generated neighbour features and their gradients per node.
     per_node_arrays = frozenset({VECTORS, SLOTS, TRUE_COUNTS, GRADS})
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         self.hidden: torch.Tensor | None = None  # [n] bool, the hidden validation nodes
         self._impaired: ImpairedGraph | None = None
@@ -374,15 +377,15 @@ class FedSageTrainer(SupervisedTrainer):
         self.mended: Data | None = None
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        opts = FedSageOptions.from_config(config)
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        opts = config.options_of(FedSageOptions)
         return SageClassifier(num_features, opts.layer_sizes, num_classes,
-                              dropout=float(config["dropout"]))
+                              dropout=config.dropout)
 
     # --- stage bookkeeping ------------------------------------------------------------------
     @property
     def server_round(self) -> int:
-        return int(self.config.get("server-round", 0))
+        return self.config.server_round
 
     def generator_round(self) -> bool:
         return 1 <= self.server_round <= self.options.gen_rounds
@@ -677,7 +680,7 @@ class FedSageAggregator(Aggregator):
     options_class = FedSageOptions
     options: FedSageOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         self.outbox: dict[int, Arrays] = {}  # gen_send's replies, by sender m
         self.layout: dict[int, list[tuple[int, int, int]]] = {}  # per j: (m, first, stop) rows

@@ -63,7 +63,7 @@ equals every client's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -73,10 +73,13 @@ from torch_geometric.data import Data
 
 from ..nn.fedspray_encoder import FeatureStructureEncoder
 from ..nn.personal_gnn import BACKBONES, PersonalGNN
-from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate
 from .fedavg import weighted_average
 from .options import Options, option
 from .supervised import evaluation_metrics, resolve_metric
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -114,29 +117,29 @@ def initial_global_proxies(num_classes: int, proxy_dim: int) -> torch.Tensor:
         num_classes, proxy_dim).clone()
 
 
-def build_encoder(num_features: int, num_classes: int, config: Config) -> FeatureStructureEncoder:
+def build_encoder(num_features: int, num_classes: int, config: ClientConfig) -> FeatureStructureEncoder:
     """The encoder every party draws identically from ``seed + ENCODER_SEED_OFFSET``."""
-    generator = torch.Generator().manual_seed(int(config["seed"]) + ENCODER_SEED_OFFSET)
-    return FeatureStructureEncoder(num_features, FedSprayOptions.from_config(config).proxy_dim,
+    generator = torch.Generator().manual_seed(config.seed + ENCODER_SEED_OFFSET)
+    return FeatureStructureEncoder(num_features, config.options_of(FedSprayOptions).proxy_dim,
                                    num_classes, generator=generator)
 
 
-def gnn_seed(config: Config, opts: FedSprayOptions) -> int:
+def gnn_seed(config: ClientConfig, opts: FedSprayOptions) -> int:
     """The seed the client's GNN is drawn from: ``seed``, or its own with per-client-init."""
     if not opts.per_client_init:
-        return int(config["seed"])
-    if "partition-id" not in config:
+        return config.seed
+    if config.partition_id < 0:
         raise ValueError("fedspray-per-client-init needs the client's partition-id in its config")
-    return int(config["seed"]) + PER_CLIENT_SEED_STRIDE * (1 + int(config["partition-id"]))
+    return config.seed + PER_CLIENT_SEED_STRIDE * (1 + config.partition_id)
 
 
-def build_gnn(num_features: int, num_classes: int, config: Config) -> PersonalGNN:
-    opts = FedSprayOptions.from_config(config)
+def build_gnn(num_features: int, num_classes: int, config: ClientConfig) -> PersonalGNN:
+    opts = config.options_of(FedSprayOptions)
     return PersonalGNN(
-        num_features, int(config["hidden"]), num_classes,
+        num_features, config.hidden, num_classes,
         backbone=opts.gnn,
-        num_layers=int(config.get("num-layers", 2)),
-        dropout=float(config.get("dropout", 0.0)),
+        num_layers=config.num_layers,
+        dropout=config.dropout,
         uniform_init=opts.uniform_init,
     )
 
@@ -162,7 +165,7 @@ class FedSprayTrainer(ClientTrainer):
     options_class = FedSprayOptions
     options: FedSprayOptions
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         opts = self.options
         self.lambda1 = opts.lambda1
@@ -191,16 +194,16 @@ class FedSprayTrainer(ClientTrainer):
                                else initial_global_proxies(num_classes, proxy_dim)).to(device)
 
         self.gnn_optimizer = torch.optim.Adam(
-            self.gnn.parameters(), lr=float(config["lr"]),
-            weight_decay=float(config.get("weight-decay", 0.0)))
+            self.gnn.parameters(), lr=config.lr,
+            weight_decay=config.weight_decay)
         self.encoder_optimizer = torch.optim.Adam(
             self.encoder.parameters(), lr=opts.encoder_lr)
         self.proxy_optimizer = torch.optim.Adam([self.labelled_proxies], lr=opts.proxy_lr)
-        self.metric = resolve_metric(config, num_classes)
+        self.metric = resolve_metric(config.metric, num_classes)
 
     # --- ClientTrainer: what travels ----------------------------------------------------
     @classmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         encoder = build_encoder(num_features, num_classes, config)
         return {ENCODER_PREFIX + k: v.detach().cpu().numpy() for k, v in encoder.state_dict().items()}
 
@@ -369,7 +372,7 @@ class FedSprayAggregator(Aggregator):
     options_class = FedSprayOptions
     options: FedSprayOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         num_classes, proxy_dim = initial[ENCODER_PREFIX + "classifier.weight"].shape
         zero = self.options.zero_proxies

@@ -46,7 +46,7 @@ server's in both). The paper's hyperparameters (3 layers, hidden 64, lr 0.001, w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -60,10 +60,13 @@ from ..nn.fedstar_net import (
     encoding_width,
     structure_encoding,
 )
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .fedavg import weighted_average
 from .options import Options, option
 from .supervised import SupervisedTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,17 @@ class FedStarTrainer(SupervisedTrainer):
     options: FedStarOptions
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         self._structure: torch.Tensor | None = None
 
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        opts = FedStarOptions.from_config(config)
-        return FedStarNet(num_features, int(config["hidden"]), num_classes,
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        opts = config.options_of(FedStarOptions)
+        return FedStarNet(num_features, config.hidden, num_classes,
                           structure_channels=encoding_width(opts.rw_steps, opts.degree_slots,
                                                             opts.encoding),
-                          num_layers=int(config["num-layers"]), dropout=float(config["dropout"]),
+                          num_layers=config.num_layers, dropout=config.dropout,
                           conv=opts.gnn)
 
     @property
@@ -120,8 +123,8 @@ class FedStarTrainer(SupervisedTrainer):
         return not is_structure(name)
 
     @classmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
-        torch.manual_seed(int(config["seed"]))
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        torch.manual_seed(config.seed)
         model = cls.build_model(num_features, num_classes, config)
         return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
                 if is_structure(k)}

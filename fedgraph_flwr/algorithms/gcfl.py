@@ -31,16 +31,19 @@ standardisation, splits only after round 20 (hard-coded there).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
 import torch
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, Config
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .fedavg import GCNTrainer
 from .mixing import cosine_similarity
 from .options import Options, option
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 MODES = ("gcfl", "gcfl+", "gcfl+dws")
 GRAD_NORM = "grad-norm"
@@ -134,7 +137,7 @@ class GCFLAggregator(Aggregator):
     options_class = GCFLOptions
     options: GCFLOptions
 
-    def __init__(self, config: Config, client_ids: list[int], initial: Arrays) -> None:
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
         self.mode = self.options.mode
         self.names = sorted(initial)

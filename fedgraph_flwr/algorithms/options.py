@@ -20,7 +20,10 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 OPTION_TYPES = (bool, int, float, str)
 
@@ -104,6 +107,14 @@ def option(
     return dataclasses.field(default=default, metadata={"option": spec})
 
 
+def context(default: Any, doc: str) -> Any:
+    """A field of an :class:`Options` dataclass that is not a run-config key: set by the
+    engine (this round's number, the algorithm's options object), not by the user."""
+    if isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata={"context": doc})
+    return dataclasses.field(default=default, metadata={"context": doc})
+
+
 @dataclasses.dataclass(frozen=True)
 class OptionField:
     """One field of an :class:`Options` class: its name, run-config key, type and spec."""
@@ -122,8 +133,10 @@ def _show(value: Any) -> str:
 class Options:
     """Base of every algorithm's options; subclasses are frozen dataclasses of :func:`option` fields.
 
-    ``class FedAuxOptions(Options, prefix="fedaux")`` sets the key prefix. An algorithm
-    without options subclasses it with no fields.
+    ``class FedAuxOptions(Options, prefix="fedaux")`` sets the key prefix (without one,
+    a field's key is its name with ``_`` -> ``-``, as the common keys). An algorithm
+    without options subclasses it with no fields. Fields declared with :func:`context`
+    are not run-config keys and are neither coerced nor checked here.
     """
 
     prefix: ClassVar[str] = ""
@@ -145,9 +158,10 @@ class Options:
     def check(self) -> None:
         """Checks beyond one field's choices or range; raise :meth:`invalid` to refuse."""
 
-    def check_run(self, config: Mapping[str, Any]) -> None:
-        """Checks against the run's common keys (e.g. ``rounds``), made by ``resolve_config``
-        before any client is contacted; raise :class:`ConfigError` to refuse."""
+    def check_run(self, config: RunConfig) -> None:
+        """Checks against the run's common keys (e.g. ``rounds``), made when the server's
+        :class:`~fedgraph_flwr.config.RunConfig` is built, before any client is contacted;
+        raise :class:`ConfigError` to refuse."""
 
     def invalid(self, name: str, why: str) -> ConfigError:
         """The one-line error for field ``name``: ``<key>=<value> is invalid: <why>``."""
@@ -160,13 +174,16 @@ class Options:
         hints = typing.get_type_hints(cls)
         out = []
         for f in dataclasses.fields(cls):
+            if "context" in f.metadata:
+                continue
             spec = f.metadata.get("option")
             if not isinstance(spec, OptionSpec):
                 raise TypeError(f"{cls.__name__}.{f.name} is not declared with option()")
             kind = hints[f.name]
             if kind not in OPTION_TYPES:
                 raise TypeError(f"{cls.__name__}.{f.name}: type {kind} is not bool, int, float or str")
-            key = spec.key or f"{cls.prefix}-{f.name.replace('_', '-')}"
+            name = f.name.replace("_", "-")
+            key = spec.key or (f"{cls.prefix}-{name}" if cls.prefix else name)
             out.append(OptionField(f.name, key, kind, spec))
         return tuple(out)
 

@@ -14,7 +14,7 @@ import copy
 import functools
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -23,32 +23,24 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_torch_csr_tensor
 
 from ..metrics import pooled_counts, score
-from .base import Arrays, ClientTrainer, Config
+from .base import Arrays, ClientTrainer
+
+if TYPE_CHECKING:
+    from ..config import ClientConfig
 
 # Set while a trainer is built only to receive a saved state (restore_trainer): its
 # model's random initial values would be overwritten at once, so trainers that allow it
 # allocate the model uninitialised instead.
 _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
-#: Config keys that change every round or from client to client (the engine adds
-#: ``partition-id``); every other key may shape the model.
-_NON_SHAPE_KEYS = frozenset({"server-round", "partition-id"})
-
-
-def _shape_items(config: Config) -> tuple[tuple[str, Any], ...]:
-    """The config as sorted items, less the keys that change every round or client: what
-    may shape a model (a cache key; unhashable if a value is)."""
-    return tuple(sorted((k, v) for k, v in config.items() if k not in _NON_SHAPE_KEYS))
-
-
 @functools.lru_cache(maxsize=16)
 def _cached_meta_model(cls: type, num_features: int, num_classes: int,
-                config_items: tuple[tuple[str, Any], ...]) -> nn.Module:
+                       config: ClientConfig) -> nn.Module:
     """``cls.build_model`` on the meta device (shapes only, no storage), built once per
     process and shape: a ClientApp restores its trainer every round, and building the
     layers (PyG inspects each conv's signatures) cost more than copying them."""
     with torch.device("meta"):
-        return cls.build_model(num_features, num_classes, dict(config_items))
+        return cls.build_model(num_features, num_classes, config)
 
 
 #: Models of released trainers (``restore_without_init``), by meta-model key and device:
@@ -81,9 +73,8 @@ def state_follows() -> Iterator[None]:
 SPARSE_ADJACENCY_MIN_NODES = 4097
 
 
-def resolve_metric(config: Config, num_classes: int) -> str:
+def resolve_metric(metric: str, num_classes: int) -> str:
     """``metric=auto`` means ROC-AUC for binary tasks, accuracy otherwise."""
-    metric = str(config.get("metric", "auto"))
     if metric == "auto":
         return "roc_auc" if num_classes == 2 else "accuracy"
     return metric
@@ -121,10 +112,10 @@ class SupervisedTrainer(ClientTrainer):
     #: construction draws no other random numbers (the round re-seeds before training).
     restore_without_init: bool = False
 
-    def __init__(self, data: Data, config: Config, num_classes: int, device: torch.device) -> None:
+    def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
         # Same seed everywhere: every client (and the server) builds the same initial model.
-        torch.manual_seed(int(config["seed"]))
+        torch.manual_seed(config.seed)
         self._spare_key: tuple[Any, ...] | None = None
         if self.restore_without_init and _STATE_FOLLOWS.get():
             self._spare_key = self._model_key(data.num_features, num_classes, config, device)
@@ -139,26 +130,17 @@ class SupervisedTrainer(ClientTrainer):
         else:
             self.model = self.build_model(data.num_features, num_classes, config).to(device)
         self.optimizer = self.build_optimizer()
-        self.metric = resolve_metric(config, num_classes)
+        self.metric = resolve_metric(config.metric, num_classes)
 
     @classmethod
-    def _meta_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
-        try:
-            return _cached_meta_model(cls, num_features, num_classes, _shape_items(config))
-        except TypeError:  # an unhashable config value: no cache
-            with torch.device("meta"):
-                return cls.build_model(num_features, num_classes, config)
+    def _meta_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        return _cached_meta_model(cls, num_features, num_classes, config.without_round_facts())
 
     @classmethod
-    def _model_key(cls, num_features: int, num_classes: int, config: Config,
-                   device: torch.device) -> tuple[Any, ...] | None:
-        """What decides the model's shape, hashable; None when a config value is not."""
-        key = (cls, num_features, num_classes, str(device), _shape_items(config))
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+    def _model_key(cls, num_features: int, num_classes: int, config: ClientConfig,
+                   device: torch.device) -> tuple[Any, ...]:
+        """What decides the model's shape: the config less the facts of the round."""
+        return (cls, num_features, num_classes, str(device), config.without_round_facts())
 
     def release(self) -> None:
         """Keep the model for the next trainer of its shape restored in this process,
@@ -178,13 +160,13 @@ class SupervisedTrainer(ClientTrainer):
 
     # --- what subclasses specialise -------------------------------------------------
     @classmethod
-    def build_model(cls, num_features: int, num_classes: int, config: Config) -> nn.Module:
+    def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
         raise NotImplementedError
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(
-            self.model.parameters(), lr=float(self.config["lr"]),
-            weight_decay=float(self.config["weight-decay"]),
+            self.model.parameters(), lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
         )
 
     def forward(self) -> torch.Tensor:
@@ -214,8 +196,8 @@ class SupervisedTrainer(ClientTrainer):
 
     # --- ClientTrainer ----------------------------------------------------------------
     @classmethod
-    def initial_arrays(cls, num_features: int, num_classes: int, config: Config) -> Arrays:
-        torch.manual_seed(int(config["seed"]))
+    def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        torch.manual_seed(config.seed)
         model = cls.build_model(num_features, num_classes, config)
         return {
             k: v.detach().cpu().numpy()

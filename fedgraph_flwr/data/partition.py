@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -64,6 +64,9 @@ from .datasets import (
     user_cache_dir,
 )
 from .splits import per_client_split, random_split, split_ratios
+
+if TYPE_CHECKING:
+    from ..config import ClientSettings
 
 MODES = ("metis", "metis-overlapping", "louvain", "blocks")
 SPLITS = ("global", "per-client")
@@ -287,51 +290,48 @@ def _metis_library_version(library: str) -> dict[str, str]:
     return {"metis_library": f"{library_path()} ({idx_bits()}-bit idx_t)"}
 
 
-def cache_key(config: Mapping[str, Any]) -> dict[str, Any]:
+def client_settings(config: ClientSettings | Mapping[str, Any]) -> ClientSettings:
+    """The run's typed client settings; a mapping of run-config keys (the partition CLI's,
+    a test's) is read as one, its missing keys at their defaults."""
+    from ..config import ClientSettings
+
+    return config if isinstance(config, ClientSettings) else ClientSettings.from_config(config)
+
+
+def cache_key(config: ClientSettings | Mapping[str, Any]) -> dict[str, Any]:
     """What identifies a partition build (everything that changes its files)."""
-    mode = str(config.get("partition", "metis"))
+    settings = client_settings(config)
+    mode = settings.partition
     if mode not in MODES:
         raise ValueError(f"unknown partition mode {mode!r}; valid: {', '.join(MODES)}")
-    split = str(config.get("partition-split", "") or "auto")
-    split = default_split(mode) if split == "auto" else split
-    if split not in SPLITS:
-        raise ValueError(f"unknown partition-split {split!r}; valid: auto, {', '.join(SPLITS)}")
-    dataset = canonical_name(str(config["dataset"]))
+    split = default_split(mode) if settings.partition_split == "auto" else settings.partition_split
+    dataset = canonical_name(settings.dataset)
     train, test = split_ratios(get_spec(dataset).train_ratio)
-    split_seed = int(config.get("split-seed", 1234))
-    if _flag(config.get("split-follows-seed", False)):
-        split_seed += int(config.get("seed", 0))
+    split_seed = settings.split_seed
+    if settings.split_follows_seed:
+        split_seed += settings.seed
     key = {
         "format": FORMAT_VERSION, "dataset": dataset, "mode": mode,
-        "num_clients": int(config["num-clients"]), "split": split,
+        "num_clients": settings.num_clients, "split": split,
         "split_seed": split_seed,
-        "partition_seed": int(config.get("partition-seed", 1234)),
+        "partition_seed": settings.partition_seed,
         "train_ratio": train, "test_ratio": test,
     }
-    split_draw = int(config.get("split-draw", 0))  # >0 only to mirror the reference's RNG use
-    if split_draw:
-        key["split_draw"] = split_draw
-    library = str(config.get("metis-library", "pymetis") or "pymetis")
-    if library not in METIS_LIBRARIES:
-        raise ValueError(f"unknown metis-library {library!r}; valid: {', '.join(METIS_LIBRARIES)}")
+    if settings.split_draw:  # >0 only to mirror the reference's RNG use
+        key["split_draw"] = settings.split_draw
+    library = settings.metis_library
     if library != "pymetis" and mode.startswith("metis"):  # older keys stay valid
         key["metis_library"] = library
     # Only where they differ from the default, so that earlier builds keep their keys.
-    features = str(config.get("features", "normalized") or "normalized")
-    if features != "normalized":
-        key["features"] = features
-    if not _flag(config.get("lcc", True)):
+    if settings.features != "normalized":
+        key["features"] = settings.features
+    if not settings.lcc:
         key["lcc"] = False
     if mode == "louvain":
         key["louvain_resolution"] = 1.0
     if get_spec(dataset).family == "synthetic":
         key["graph_seed"] = SYNTHETIC_GRAPH_SEED
     return key
-
-
-def _flag(value: Any) -> bool:
-    """A run-config boolean (TOML/YAML give bool; the partition CLI may give a string)."""
-    return value.strip().lower() in ("1", "true", "yes") if isinstance(value, str) else bool(value)
 
 
 def _graph_options(key: Mapping[str, Any]) -> dict[str, Any]:
@@ -357,12 +357,12 @@ def cache_name(key: Mapping[str, Any]) -> str:
     return name
 
 
-def _config_root(config: Mapping[str, Any]) -> Path:
-    root = str(config.get("data-root", "") or "")
+def _config_root(config: ClientSettings | Mapping[str, Any]) -> Path:
+    root = client_settings(config).data_root
     return Path(root).expanduser() if root else default_data_root()
 
 
-def partitions_root(config: Mapping[str, Any]) -> Path:
+def partitions_root(config: ClientSettings | Mapping[str, Any]) -> Path:
     """``<data-root>/partitions``, or the user cache's when the data root is read-only."""
     preferred = _config_root(config) / "partitions"
     try:
@@ -446,7 +446,7 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
     return manifest
 
 
-def ensure_partitions(config: Mapping[str, Any], verify: bool = True) -> Path:
+def ensure_partitions(config: ClientSettings | Mapping[str, Any], verify: bool = True) -> Path:
     """Build (once) and return the cache folder of the run's partition.
 
     Reads run-config keys ``dataset``, ``num-clients``, ``partition``, ``split-seed``
@@ -483,7 +483,8 @@ def _has_diagnostics(manifest: Mapping[str, Any]) -> bool:
     return isinstance(diag, dict) and diag.get("version") == noniid.DIAGNOSTICS_VERSION
 
 
-def ensure_diagnostics(config: Mapping[str, Any], folder: Path | None = None) -> dict[str, Any]:
+def ensure_diagnostics(config: ClientSettings | Mapping[str, Any],
+                       folder: Path | None = None) -> dict[str, Any]:
     """The partition's manifest with an up-to-date ``diagnostics`` block.
 
     A manifest from before diagnostics existed (or of an older diagnostics version) gets
@@ -516,7 +517,7 @@ def ensure_diagnostics(config: Mapping[str, Any], folder: Path | None = None) ->
     return manifest
 
 
-def unavailable_dataset(config: Mapping[str, Any]) -> str | None:
+def unavailable_dataset(config: ClientSettings | Mapping[str, Any]) -> str | None:
     """Why :func:`load_client` would fail for want of the dataset's raw files (the
     one-line message it would raise), or None: a synthetic dataset, the raw files under
     the data root, or a complete cached build of the partition. Reads only; cheap."""
@@ -532,7 +533,7 @@ def unavailable_dataset(config: Mapping[str, Any]) -> str | None:
     return str(_not_available(spec, root, missing)) if missing else None
 
 
-def load_client(config: Mapping[str, Any], partition_id: int) -> Data:
+def load_client(config: ClientSettings | Mapping[str, Any], partition_id: int) -> Data:
     """Client ``partition_id``'s subgraph from the cache (built if needed, checksum-verified).
 
     The returned Data carries ``num_classes_total`` (the dataset's label-space size).
@@ -552,7 +553,7 @@ def load_client(config: Mapping[str, Any], partition_id: int) -> Data:
     return data
 
 
-def load_all_clients(config: Mapping[str, Any]) -> list[Data]:
+def load_all_clients(config: ClientSettings | Mapping[str, Any]) -> list[Data]:
     """Every client of the run's partition, in client order."""
     folder = ensure_partitions(config, verify=True)
     k = int(read_manifest(folder)["num_clients"])

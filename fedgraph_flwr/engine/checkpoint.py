@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms.base import Config
-from ..config import ConfigError
+from ..config import ConfigError, RunConfig
 from . import state_codec
 from .recorder import atomic_write
 
@@ -43,11 +42,11 @@ class Checkpointer:
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
 
-    def save(self, config: Config, state: dict[str, Any], *, background: bool = False) -> None:
+    def save(self, config: RunConfig, state: dict[str, Any], *, background: bool = False) -> None:
         """Encode ``state`` now (a snapshot: the caller may change it right after), then
         write it, in a thread when ``background``: the next round's clients start while
         the file is written. :meth:`wait` (and the next ``save``) joins that write."""
-        blob = state_codec.encode({**state, "config_json": json.dumps(config, default=str)})
+        blob = state_codec.encode({**state, "config_json": json.dumps(config.all_keys(), default=str)})
         self.wait()
         if not background:
             atomic_write(self.path, lambda fh: fh.write(blob))
@@ -72,7 +71,7 @@ class Checkpointer:
             error, self._write_error = self._write_error, None
             raise error
 
-    def load(self, config: Config) -> dict[str, Any]:
+    def load(self, config: RunConfig) -> dict[str, Any]:
         """The saved state; a one-line ConfigError if it is missing, unreadable or of
         another run (a key outside :data:`RESUMABLE_CHANGES` differs)."""
         self.wait()
@@ -86,10 +85,11 @@ class Checkpointer:
                               ) from None
         if "config_json" in state:
             saved = json.loads(state["config_json"])
-            changed = [k for k in sorted(set(saved) | set(config))
-                       if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k)]
+            now = config.all_keys()
+            changed = [k for k in sorted(set(saved) | set(now))
+                       if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k)]
             if changed:
-                detail = ", ".join(f"{k}={saved.get(k)!r} -> {config.get(k)!r}"
+                detail = ", ".join(f"{k}={saved.get(k)!r} -> {now.get(k)!r}"
                                    for k in changed[:4])
                 raise ConfigError(f"resume=true but the checkpoint at {self.path} is "
                                   f"of a different run ({detail}); use the same settings or "

@@ -18,13 +18,14 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from torch_geometric.data import Data
 
 from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
+from ..config import ClientConfig, ConfigError
 from . import client_runtime as rt
 from .records import array_to_bytes, bytes_to_array, from_array_record, to_array_record, to_metric_record
 
@@ -51,22 +52,23 @@ def _data_error_reply(message: Message, exc: BaseException) -> Message:
     return _error_reply(message, code, exc)
 
 
-def _config(message: Message) -> dict[str, Any]:
-    return dict(message.content["config"])
+def _config(message: Message) -> ClientConfig:
+    return ClientConfig.from_config(dict(message.content["config"]))
 
 
-def _identity_and_data(message: Message, context: Context):
+def _identity_and_data(message: Message, context: Context
+                       ) -> tuple[ClientConfig, rt.ClientIdentity, Data, int]:
     config = _config(message)
     identity = rt.identify(dict(context.node_config), config)
     data, num_classes = rt.load_client_data(identity, config)
     return config, identity, data, num_classes
 
 
-def load_state(config: dict[str, Any], context: Context, partition_id: int,
+def load_state(config: ClientConfig, context: Context, partition_id: int,
                phase: Phase | None = None) -> bytes | memoryview | None:
     """The client's state from its last phase: in ``context.state`` or a per-client file."""
-    if config["client-state"] == "file":
-        return rt.load_state_file(config, partition_id, int(config["server-round"]), phase)
+    if config.client_state == "file":
+        return rt.load_state_file(config, partition_id, config.server_round, phase)
     record = context.state.get(STATE_KEY)
     if record is None:
         return None
@@ -79,11 +81,11 @@ LARGE_MEMORY_STATE = 64 * 2**20
 _warned_large_state = False
 
 
-def save_state(config: dict[str, Any], context: Context, partition_id: int, blob: bytes,
+def save_state(config: ClientConfig, context: Context, partition_id: int, blob: bytes,
                phase: Phase | None = None) -> None:
     global _warned_large_state
-    if config["client-state"] == "file":
-        rt.save_state_file(config, partition_id, int(config["server-round"]), blob, phase)
+    if config.client_state == "file":
+        rt.save_state_file(config, partition_id, config.server_round, blob, phase)
         return
     if len(blob) > LARGE_MEMORY_STATE and not _warned_large_state:
         _warned_large_state = True
@@ -104,12 +106,12 @@ def handshake(message: Message, context: Context) -> Message:
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 
 
-def _phase_of(message: Message, config: dict[str, Any]) -> Phase:
+def _phase_of(message: Message, config: ClientConfig) -> Phase:
     """``train`` -> the train phase; ``train.<name>`` -> the algorithm's phase of that name."""
     _, _, name = message.metadata.message_type.partition(".")
-    phases = {p.name: p for p in get_algorithm(str(config["algorithm"])).trainer.phases}
+    phases = {p.name: p for p in get_algorithm(config.algorithm).trainer.phases}
     if (name or TRAIN) not in phases:
-        raise ValueError(f"algorithm {config['algorithm']} has no phase {name!r}")
+        raise ValueError(f"algorithm {config.algorithm} has no phase {name!r}")
     return phases[name or TRAIN]
 
 
@@ -121,6 +123,8 @@ def train(message: Message, context: Context) -> Message:
         rt.check_memory(_config(message))  # before loading anything
     except rt.MemoryGuardError as exc:
         return _error_reply(message, ERROR_MEMORY, exc)
+    except ConfigError as exc:  # a server of another version
+        return _error_reply(message, ERROR_TRAIN, exc)
     try:
         config, identity, data, _ = _identity_and_data(message, context)
     except Exception as exc:  # noqa: BLE001
@@ -130,8 +134,8 @@ def train(message: Message, context: Context) -> Message:
         arrays = from_array_record(message.content["arrays"])
         state = load_state(config, context, identity.partition_id, phase)
         out = rt.phase_round(
-            data, int(config["num-classes-global"]), config, phase, arrays, state,
-            int(config["server-round"]), identity.partition_id,
+            data, config.num_classes_global, config, phase, arrays, state,
+            config.server_round, identity.partition_id,
         )
         save_state(config, context, identity.partition_id, out.state, phase)
         rt.check_memory(config)  # what the phase left: the next one would start from it

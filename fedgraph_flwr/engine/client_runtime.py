@@ -7,6 +7,7 @@ run exactly the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import resource
@@ -21,9 +22,9 @@ import torch
 from torch_geometric.data import Data
 
 from ..algorithms import get_algorithm
-from ..algorithms.base import TRAIN, Arrays, Config, Phase
+from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
-from ..config import data_root, data_root_source
+from ..config import ClientConfig, ClientSettings
 from . import state_codec
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
@@ -79,9 +80,9 @@ def memory_use(cgroup: Path = Path("/sys/fs/cgroup"),
     return (total - available) / total, f"this machine's {total / 2**20:.1f} GiB"
 
 
-def check_memory(config: Config) -> None:
+def check_memory(config: ClientSettings) -> None:
     """Raise :class:`MemoryGuardError` (one line) when memory is fuller than ``memory-limit``."""
-    limit = float(config.get("memory-limit", 0.0) or 0.0)
+    limit = config.memory_limit
     use = memory_use() if limit > 0 else None
     if use is None or use[0] < limit:
         return
@@ -101,7 +102,7 @@ class ClientIdentity:
     path: str = ""  # the file for "file"/"dir"
 
 
-def identify(node_config: dict[str, Any], config: Config) -> ClientIdentity:
+def identify(node_config: dict[str, Any], config: ClientSettings) -> ClientIdentity:
     """Resolve the client's logical id and data source from its node config.
 
     Simulation: ``partition-id``/``num-partitions`` (set by Flower). Deployment:
@@ -127,18 +128,18 @@ def identify(node_config: dict[str, Any], config: Config) -> ClientIdentity:
             "with --node-config \"partition-file=<path>\" (or partition-id/num-partitions)"
         )
     nparts = node_config.get("num-partitions")
-    if nparts is not None and int(nparts) != int(config["num-clients"]):
+    if nparts is not None and int(nparts) != config.num_clients:
         raise ClientDataError(
             f"this SuperNode has num-partitions={nparts} but the run has "
-            f"num-clients={config['num-clients']}"
+            f"num-clients={config.num_clients}"
         )
-    if config["partition"] == "files":
-        folder = Path(str(config["partition-dir"])).expanduser()
+    if config.partition == "files":
+        folder = Path(config.partition_dir).expanduser()
         return ClientIdentity(int(pid), "dir", str(folder))
     return ClientIdentity(int(pid), "cache")
 
 
-def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, int]:
+def load_client_data(identity: ClientIdentity, config: ClientSettings) -> tuple[Data, int]:
     """The client's subgraph and the label-space size it knows of."""
     from ..data import files, partition  # heavy imports only when a client needs data
     from ..data.datasets import DatasetNotAvailable
@@ -146,7 +147,7 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
     key: tuple
     if identity.source == "cache":
         # everything that names the partition build (split draw, METIS build, features, ...)
-        key = ("cache", str(data_root(config)),
+        key = ("cache", str(config.data_root_path),
                partition.cache_name(partition.cache_key(config)), identity.partition_id)
     else:
         p = Path(identity.path)
@@ -161,9 +162,8 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
         return _DATA_CACHE[key]
     try:
         if identity.source == "cache":
-            cfg = dict(config)
-            cfg["data-root"] = str(data_root(config))
-            data = partition.load_client(cfg, identity.partition_id)
+            resolved = dataclasses.replace(config, data_root=str(config.data_root_path))
+            data = partition.load_client(resolved, identity.partition_id)
         else:
             data = files.load_subgraph_file(p)
     except DatasetNotAvailable as exc:
@@ -175,22 +175,23 @@ def load_client_data(identity: ClientIdentity, config: Config) -> tuple[Data, in
     return data, num_classes
 
 
-def _data_root_reason(message: str, config: Config) -> str:
+def _data_root_reason(message: str, config: ClientSettings) -> str:
     """Where the dataset's files are missing and where that root came from; the server
     adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
     first = message.splitlines()[0].split("; downloads are not attempted")[0]
-    return f"{first} ({data_root_source(config)})"
+    return f"{first} ({config.data_root_source})"
 
 
-def missing_dataset(config: Config) -> str | None:
+def missing_dataset(config: ClientSettings) -> str | None:
     """The :class:`DataRootError` every client of this run would raise here, without
     loading anything (this process's data root and files), or None. The ServerApp of a
     simulation asks it before the handshake: its ClientApps share its environment."""
-    if config["partition"] == "files":
+    if config.partition == "files":
         return None
     from ..data import partition
 
-    why = partition.unavailable_dataset(dict(config, **{"data-root": str(data_root(config))}))
+    why = partition.unavailable_dataset(dataclasses.replace(config,
+                                                            data_root=str(config.data_root_path)))
     return None if why is None else f"DataRootError: {_data_root_reason(why, config)}"
 
 
@@ -285,12 +286,10 @@ def state_from_bytes(blob: bytes | bytearray | memoryview, device: torch.device)
 # keeps only that one plus the one it just wrote. So if the server dies after
 # checkpointing round r while clients have already saved round r+1, the resumed round
 # r+1 starts again from round r's state, and files of other runs in the same folder are
-# never read.
-STATE_TOKEN_KEY = "client-state-token"
-#: Per client, where the server knows this client's last state to be ("<round>:<place>",
-#: see :func:`state_position_tag`): a client whose newest state is older (another machine
-#: without the shared folder, a folder wiped mid-run) refuses to train on it.
-STATE_EXPECTED_KEY = "client-state-expected"
+# never read. The token is ``ClientConfig.client_state_token``; per client, the server
+# also says where it knows this client's last state to be (``client_state_expected``,
+# "<round>:<place>", see :func:`state_position_tag`): a client whose newest state is
+# older (another machine without the shared folder, a folder wiped mid-run) refuses it.
 _POSITION = re.compile(r"r(\d+)(?:p(\d+))?")
 TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
 
@@ -303,7 +302,7 @@ def state_position_tag(position: tuple[int, int]) -> str:
     return f"{position[0]}:{position[1]}"
 
 
-def state_dir(config: Config, partition_id: int | None = None) -> Path:
+def state_dir(config: ClientSettings, partition_id: int | None = None) -> Path:
     """``client-state-dir``, else ``<data-root>/client-state/<run-name>``; with
     ``partition_id``, that client's own folder in it, ``client_<id>/``.
 
@@ -311,25 +310,24 @@ def state_dir(config: Config, partition_id: int | None = None) -> Path:
     one ``client-state-dir``) never share one: none lists, reads or prunes another's
     files, and each folder is created private to its owner (mode 0700).
     """
-    folder = config.get("client-state-dir") or (
-        data_root(config) / "client-state" / str(config["run-name"]))
-    folder = Path(str(folder)).expanduser()
+    folder = Path(config.client_state_dir or (
+        config.data_root_path / "client-state" / config.run_name)).expanduser()
     return folder if partition_id is None else folder / f"client_{int(partition_id)}"
 
 
-def state_position(config: Config, server_round: int, phase: Phase | None) -> tuple[int, int]:
+def state_position(config: ClientSettings, server_round: int, phase: Phase | None) -> tuple[int, int]:
     """Where the state a client saves after ``phase`` of ``server_round`` sits in the run:
     (round, place in the round)."""
     if phase is None or phase.name == TRAIN:
         return server_round, TRAIN_POSITION
-    phases = [p.name for p in get_algorithm(str(config["algorithm"])).trainer.phases]
+    phases = [p.name for p in get_algorithm(config.algorithm).trainer.phases]
     return server_round, phases.index(phase.name)
 
 
-def _state_files(config: Config, partition_id: int, any_token: bool = False
+def _state_files(config: ClientConfig, partition_id: int, any_token: bool = False
                  ) -> dict[Path, tuple[str, tuple[int, int]]]:
     """This client's state files: path -> (token, position)."""
-    token = str(config.get(STATE_TOKEN_KEY, "") or "run")
+    token = config.client_state_token or "run"
     out: dict[Path, tuple[str, tuple[int, int]]] = {}
     for path in state_dir(config, partition_id).glob(f"client_{partition_id}.*.r*.pt"):
         parts = path.name[:-len(".pt")].split(".")
@@ -342,21 +340,21 @@ def _state_files(config: Config, partition_id: int, any_token: bool = False
     return out
 
 
-def state_file(config: Config, partition_id: int, server_round: int,
+def state_file(config: ClientConfig, partition_id: int, server_round: int,
                phase: Phase | None = None) -> Path:
-    token = str(config.get(STATE_TOKEN_KEY, "") or "run")
+    token = config.client_state_token or "run"
     rnd, place = state_position(config, server_round, phase)
     suffix = "" if place == TRAIN_POSITION else f"p{place}"
     return state_dir(config, partition_id) / f"client_{partition_id}.{token}.r{rnd:06d}{suffix}.pt"
 
 
-def load_state_file(config: Config, partition_id: int, server_round: int,
+def load_state_file(config: ClientConfig, partition_id: int, server_round: int,
                     phase: Phase | None = None) -> bytearray | None:
     """The client's state from the last phase it ran before this one (``phase``: the
     train phase when None), as a bytearray the trainer's tensors may keep."""
     here = state_position(config, server_round, phase)
     older = [(pos, p) for p, (_, pos) in _state_files(config, partition_id).items() if pos < here]
-    expected = str(config.get(STATE_EXPECTED_KEY, "") or "")
+    expected = config.client_state_expected
     if expected:
         want = tuple(int(v) for v in expected.split(":"))
         found = max(older)[0] if older else None
@@ -376,7 +374,7 @@ def load_state_file(config: Config, partition_id: int, server_round: int,
         return blob
 
 
-def save_state_file(config: Config, partition_id: int, server_round: int, blob: bytes,
+def save_state_file(config: ClientConfig, partition_id: int, server_round: int, blob: bytes,
                     phase: Phase | None = None) -> Path:
     """Write this phase's state atomically; keep only it and the newest older one."""
     path = state_file(config, partition_id, server_round, phase)
@@ -405,17 +403,17 @@ class RoundOutput:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes | None,
+def restore_trainer(data: Data, num_classes: int, config: ClientConfig, state: bytes | None,
                     device: torch.device, partition_id: int | None = None):
     """The client's trainer as it was after its last round (``state``), or fresh. Its
-    config carries ``partition-id`` when given (a per-client initial draw needs it)."""
+    config carries ``partition_id`` when given (a per-client initial draw needs it)."""
     if partition_id is not None:
-        config = {**config, "partition-id": partition_id}
+        config = config.with_round(partition_id=partition_id)
     if device.type == "cpu":
         # Multi-threaded CPU scatter-add sums in varying order (FedIIH's routing): the
         # deterministic kernels make the same config and seed give the same numbers.
         torch.use_deterministic_algorithms(True, warn_only=True)
-    build = get_algorithm(str(config["algorithm"])).trainer
+    build = get_algorithm(config.algorithm).trainer
     if state is None:
         return build(data, config, num_classes, device)
     with state_follows():
@@ -427,7 +425,7 @@ def restore_trainer(data: Data, num_classes: int, config: Config, state: bytes |
 def phase_round(
     data: Data,
     num_classes: int,
-    config: Config,
+    config: ClientConfig,
     phase: Phase,
     arrays: Arrays,
     state: bytes | None,
@@ -454,7 +452,7 @@ def phase_round(
     return out
 
 
-def run_phase(trainer, config: Config, phase: Phase, arrays: Arrays, server_round: int,
+def run_phase(trainer, config: ClientConfig, phase: Phase, arrays: Arrays, server_round: int,
               partition_id: int) -> RoundOutput:
     """Handle one phase on a restored trainer (``state`` left empty: the caller
     serialises it when it must keep it)."""
@@ -463,7 +461,7 @@ def run_phase(trainer, config: Config, phase: Phase, arrays: Arrays, server_roun
     t0 = time.perf_counter()
     trainer.config = config
     # Its own stream per phase, so adding a phase never shifts the train phase's draws.
-    torch.manual_seed(int(config["seed"]) * 1_000_003 + partition_id * 10_007 + server_round
+    torch.manual_seed(config.seed * 1_000_003 + partition_id * 10_007 + server_round
                       + 7_919 * (1 + [p.name for p in trainer.phases].index(phase.name)))
     reply = trainer.run_phase(phase, arrays)
     t1 = time.perf_counter()
@@ -476,7 +474,7 @@ def run_phase(trainer, config: Config, phase: Phase, arrays: Arrays, server_roun
     )
 
 
-def run_round(trainer, config: Config, payload: Arrays, server_round: int,
+def run_round(trainer, config: ClientConfig, payload: Arrays, server_round: int,
               partition_id: int) -> RoundOutput:
     """Apply the server's payload to a restored trainer, train, evaluate, pack the reply
     (``state`` left empty: the caller serialises it when it must keep it)."""
@@ -486,9 +484,9 @@ def run_round(trainer, config: Config, payload: Arrays, server_round: int,
     trainer.load_payload(payload)
     # A per-(seed, client, round) stream: dropout masks differ across clients and rounds
     # but the whole run is reproducible.
-    torch.manual_seed(int(config["seed"]) * 1_000_003 + partition_id * 10_007 + server_round)
+    torch.manual_seed(config.seed * 1_000_003 + partition_id * 10_007 + server_round)
     t1 = time.perf_counter()
-    metrics = trainer.train(int(config["local-epochs"]))
+    metrics = trainer.train(config.local_epochs)
     t2 = time.perf_counter()
     metrics.update(trainer.evaluate())
     t3 = time.perf_counter()

@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..algorithms.base import AggregateResult, Config, Phase
-from ..config import default_run_name
+from ..algorithms.base import AggregateResult, Phase
+from ..config import RunConfig
 from .federation import ClientReply, Federation, nbytes
 from .transport import Exchange, Transport
 
@@ -38,20 +38,18 @@ class RunAborted(RuntimeError):
 class RoundDriver:
     """Runs one federation from handshake to results files."""
 
-    def __init__(self, config: Config, transport: Transport,
+    def __init__(self, config: RunConfig, transport: Transport,
                  log: Callable[[str], None] | None = None, *, write: bool = True) -> None:
-        self.config = dict(config)
-        if not self.config.get("run-name"):
-            self.config["run-name"] = default_run_name(self.config)
+        self.config = config.replace(run_name=config.resolved_run_name)
         self.transport = transport
         self.log = log or (lambda msg: None)
         self.write = write
         self.federation: Federation | None = None
 
     def run(self) -> Federation:
-        self.log(f"fedgraph-flwr: algorithm={self.config['algorithm']} "
-                 f"dataset={self.config['dataset']} clients={self.config['num-clients']} "
-                 f"rounds={self.config['rounds']}")
+        self.log(f"fedgraph-flwr: algorithm={self.config.algorithm} "
+                 f"dataset={self.config.dataset} clients={self.config.num_clients} "
+                 f"rounds={self.config.rounds}")
         roster = self.transport.connect(self.config)
         # A ConfigError here (a federation that cannot run, a checkpoint of another run)
         # reaches the caller as it is: one line.
@@ -60,7 +58,7 @@ class RoundDriver:
         if first == 1:
             self.precompute(fed)
         try:
-            for server_round in range(first, int(self.config["rounds"]) + 1):
+            for server_round in range(first, self.config.rounds + 1):
                 self.run_round(fed, server_round)
                 if self.write:
                     # Written while the next round's clients train; joined before the
@@ -85,11 +83,11 @@ class RoundDriver:
         ``deadline`` (``time.monotonic()``): the round's, shared by all of its phases;
         without one the phase gets a whole ``round-timeout`` (the precompute phases)."""
         requests = fed.requests(phase, server_round, clients)
-        timeout = float(self.config["round-timeout"])
+        timeout = self.config.round_timeout
         if deadline is not None:
             timeout = max(0.0, deadline - time.monotonic())
-        exchange = self.transport.exchange(phase, requests, fed.client_config(server_round),
-                                           timeout, fed.client_configs(list(requests)))
+        exchange = self.transport.exchange(phase, fed.client_requests(requests, server_round),
+                                           timeout)
         fed.note_saved_states(phase, server_round, list(exchange.replies))
         for cid in clients:
             if cid not in exchange.replies and cid not in exchange.failures:
@@ -122,7 +120,7 @@ class RoundDriver:
         phase's pushes and waits share it, so a dead client costs the round at most
         ``round-timeout`` (plus the aggregation), however many phases it has."""
         t0 = time.perf_counter()
-        deadline = time.monotonic() + float(self.config["round-timeout"])
+        deadline = time.monotonic() + self.config.round_timeout
         self.transport.refresh(self.config, deadline)
         sampled = fed.sample(server_round)
         sent: dict[int, int] = {}
@@ -142,7 +140,7 @@ class RoundDriver:
             active = [c for c in active if c not in failures]  # a failed client sits out the rest
         t_wait = time.perf_counter()
         failures.update(exchange.failures)
-        abort = bool(exchange.failures) and (bool(self.config["fail-fast"])
+        abort = bool(exchange.failures) and (self.config.fail_fast
                                              or out_of_memory(exchange.failures))
         record = fed.complete_round(
             server_round, sampled, exchange.replies, failures, sent,
@@ -153,7 +151,7 @@ class RoundDriver:
         if abort:
             self.abort(fed, server_round, failures)
         self.log(
-            f"round {server_round}/{self.config['rounds']}: mean val "
+            f"round {server_round}/{self.config.rounds}: mean val "
             f"{100 * record.mean('val_metric'):.2f} test {100 * record.mean('test_metric'):.2f} "
             f"loss {record.mean('train_loss'):.4f} ({len(record.clients)}/{len(sampled)} "
             f"clients, {record.times['round']:.2f}s)"
@@ -164,7 +162,7 @@ class RoundDriver:
                         partial: tuple[list[int], dict[int, int], float] | None) -> None:
         """Under ``fail-fast`` a failure in any phase ends the run (the round recorded void);
         so does a client's memory guard, always: the next phase would be killed."""
-        if not failures or not (self.config["fail-fast"] or out_of_memory(failures)):
+        if not failures or not (self.config.fail_fast or out_of_memory(failures)):
             return
         if partial is not None:
             sampled, sent, t0 = partial
@@ -177,7 +175,7 @@ class RoundDriver:
         cid, reason = sorted((guarded or failures).items())[0]
         if reason.startswith("missing"):
             what = (f"client {cid} sent no reply in round {server_round} within "
-                    f"round-timeout={self.config['round-timeout']} s")
+                    f"round-timeout={self.config.round_timeout} s")
         else:
             what = f"client {cid} failed in round {server_round} with {reason}"
         out = fed.write_results()

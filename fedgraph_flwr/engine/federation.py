@@ -22,16 +22,15 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import get_algorithm
-from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Config, Phase
-from ..config import client_config as client_view
-from ..config import default_run_name
+from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
+from ..config import ClientConfig, RunConfig
 from . import protocols
 from .checkpoint import Checkpointer
-from .client_runtime import STATE_EXPECTED_KEY, peak_rss_mib, state_position, state_position_tag
+from .client_runtime import peak_rss_mib, state_position, state_position_tag
 from .recorder import Recorder, RoundLog, atomic_write, nbytes
 from .roster import Roster
 
-__all__ = ["ClientReply", "Federation", "RoundLog", "nbytes"]
+__all__ = ["ClientReply", "ClientRequest", "Federation", "RoundLog", "nbytes"]
 
 
 @dataclass
@@ -44,6 +43,14 @@ class ClientReply:
     bytes_received: int = 0
 
 
+@dataclass
+class ClientRequest:
+    """What the server sends one client for one phase: its arrays and its config."""
+
+    arrays: Arrays
+    config: ClientConfig
+
+
 class Federation:
     """Server-side state and bookkeeping of one run.
 
@@ -51,18 +58,17 @@ class Federation:
     handshake (``num-features``, ``num-classes``, ``num-train``, ...).
     """
 
-    def __init__(self, config: Config, roster: dict[int, dict[str, Any]], log=print) -> None:
-        self.config = dict(config)
-        if not self.config.get("run-name"):
-            self.config["run-name"] = default_run_name(self.config)
+    def __init__(self, config: RunConfig, roster: dict[int, dict[str, Any]], log=print) -> None:
+        self.config = config.replace(run_name=config.resolved_run_name)
         self.log = log
         self.roster = Roster(self.config, roster)
         self.client_ids = self.roster.client_ids
         self.num_features = self.roster.num_features
         self.num_classes = self.roster.num_classes
-        self.algo = get_algorithm(str(config["algorithm"]))
+        self.algo = get_algorithm(config.algorithm)
         self.phases: tuple[Phase, ...] = self.algo.trainer.phases
-        self.initial = self.algo.trainer.initial_arrays(self.num_features, self.num_classes, self.config)
+        self.initial = self.algo.trainer.initial_arrays(self.num_features, self.num_classes,
+                                                        self.config.client_config())
         self.schema = {k: (v.shape, v.dtype) for k, v in self.initial.items()}
         self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
@@ -76,7 +82,7 @@ class Federation:
         # client-state=file: where each client's last state is, as far as the server
         # knows (a reply came back); each client is told its own, to refuse an older one.
         self.saved_state_at: dict[int, tuple[int, int]] = {}
-        self.out_dir = Path(str(config["output-dir"])).expanduser() / self.config["run-name"]
+        self.out_dir = Path(config.output_dir).expanduser() / self.config.run_name
         self.checkpointer = Checkpointer(self.out_dir)
 
     @property
@@ -91,26 +97,30 @@ class Federation:
         return [p for p in self.phases if p.when == when]
 
     # --- what the server sends ----------------------------------------------------
-    def client_config(self, server_round: int) -> Config:
+    def client_config(self, server_round: int) -> ClientConfig:
         """What a client is told: the keys it and its algorithm read, plus what the
         handshake settled and this round's number."""
-        cfg = client_view(self.config)
-        cfg.update({"server-round": server_round, "num-classes-global": self.num_classes,
-                    "num-features-global": self.num_features,
-                    "client-state-token": self.state_token})
-        return cfg
+        return self.config.client_config(
+            server_round=server_round, num_classes_global=self.num_classes,
+            num_features_global=self.num_features, client_state_token=self.state_token)
 
-    def client_configs(self, clients: list[int]) -> dict[int, Config] | None:
-        """Each client's own config keys: under ``client-state=file``, where its last
-        state is (:data:`~.client_runtime.STATE_EXPECTED_KEY`)."""
-        if self.config["client-state"] != "file":
-            return None
-        return {c: {STATE_EXPECTED_KEY: state_position_tag(self.saved_state_at[c])}
-                for c in clients if c in self.saved_state_at}
+    def client_requests(self, requests: dict[int, Arrays], server_round: int
+                        ) -> dict[int, ClientRequest]:
+        """Each client's arrays with its config: the round's, plus under
+        ``client-state=file`` where the server knows its last state to be."""
+        config = self.client_config(server_round)
+        out = {}
+        for cid, arrays in requests.items():
+            own = config
+            if self.config.client_state == "file" and cid in self.saved_state_at:
+                own = config.with_round(
+                    client_state_expected=state_position_tag(self.saved_state_at[cid]))
+            out[cid] = ClientRequest(arrays, own)
+        return out
 
     def note_saved_states(self, phase: Phase, server_round: int, replied: list[int]) -> None:
         """A client that replied to ``phase`` saved its state after it first."""
-        if self.config["client-state"] == "file":
+        if self.config.client_state == "file":
             here = state_position(self.config, server_round, phase)
             self.saved_state_at.update({c: here for c in replied})
 
@@ -138,7 +148,7 @@ class Federation:
         Train replies must match the initial model's schema and carry the metric
         contract (:mod:`~.protocols`); every reply is bounded and finite."""
         upload = reply.upload
-        limit = int(self.config["max-array-bytes"])
+        limit = self.config.max_array_bytes
         if phase == "train" and set(upload) != set(self.schema):
             missing = sorted(set(self.schema) - set(upload))
             extra = sorted(set(upload) - set(self.schema))
@@ -166,7 +176,7 @@ class Federation:
         return None
 
     def min_replies(self, sampled: list[int]) -> int:
-        return int(self.config["min-clients"]) or 1
+        return self.config.min_clients or 1
 
     def valid_updates(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
                       failures: dict[int, str]) -> dict[int, ClientUpdate]:
@@ -256,7 +266,7 @@ class Federation:
         return protocols.held_means(self.rounds, self.client_ids)
 
     def final(self) -> dict[str, Any]:
-        return protocols.final(self.rounds, self.client_ids, self.config, self.num_classes)
+        return protocols.final(self.rounds, self.client_ids, self.config.metric, self.num_classes)
 
     def wall_time(self) -> float:
         return self.elapsed_before_resume + (time.time() - self.started)
@@ -264,7 +274,7 @@ class Federation:
     def results(self) -> dict[str, Any]:
         held = self.held_means()
         out = {
-            "config": self.config,
+            "config": self.config.all_keys(),
             "clients": {str(c): f for c, f in self.roster.facts.items()},
             "num_features": self.num_features,
             "num_classes": self.num_classes,
@@ -292,10 +302,10 @@ class Federation:
         best = protocols.best_held_round(self.rounds, held)
         elapsed = self.wall_time()
         done = len(self.rounds)
-        total = int(self.config["rounds"])
+        total = self.config.rounds
         return {
-            "run-name": self.config["run-name"], "algorithm": self.config["algorithm"],
-            "dataset": self.config["dataset"], "round": last.round if last else 0,
+            "run-name": self.config.run_name, "algorithm": self.config.algorithm,
+            "dataset": self.config.dataset, "round": last.round if last else 0,
             "rounds": total, "finished": bool(last) and last.round == total,
             "elapsed_s": elapsed,
             "eta_s": elapsed / done * (total - last.round) if last else None,
@@ -356,12 +366,12 @@ class Federation:
 
     def first_round(self) -> int:
         """The round to start with: 1, or after the checkpoint's last round if ``resume``."""
-        if not self.config["resume"]:
+        if not self.config.resume:
             return 1
         done = self.load_checkpoint()
         self.log(f"resumed from {self.checkpoint_path} after round {done} "
                  f"({len(self.rounds)} rounds of history)")
-        if self.config["client-state"] == "context":
+        if self.config.client_state == "context":
             self.log("warning: resume=true with client-state=context: clients restart their "
                      "local state (optimiser moments, local-only layers) from scratch, so "
                      "results will differ from an uninterrupted run; use client-state=file "

@@ -17,13 +17,13 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..algorithms.base import Arrays, Config, Phase
-from ..config import client_config as client_view
+from ..algorithms.base import Phase
+from ..config import RunConfig
 from .accelerate import bound_reply_pulls
 from .client_app import ERROR_DATA_ROOT
 from .client_runtime import missing_dataset
 from .driver import RunAborted
-from .federation import ClientReply, nbytes
+from .federation import ClientReply, ClientRequest, nbytes
 from .records import (
     from_array_record,
     from_metric_record,
@@ -64,9 +64,9 @@ def _collapse(reason: str, nodes: list[int], total: int) -> str:
     return f"{len(nodes)} of {total} clients (nodes {shown}): {reason}"
 
 
-def data_root_hint(config: Config, simulated: bool) -> str:
+def data_root_hint(config: RunConfig, simulated: bool) -> str:
     """What to do when the clients did not find the dataset under their data root."""
-    if config.get("data-root"):
+    if config.data_root:
         return ""  # an explicit data-root: the clients' reason names it
     fix = "--run-config \"data-root='/path/to/datasets'\""
     if not simulated:
@@ -134,7 +134,7 @@ class FlowerTransport(Transport):
         self._reply_wait: dict[int, float] = {}  # last exchange: node id -> seconds to its reply
 
     # --- joining ----------------------------------------------------------------------
-    def wait_for_nodes(self, config: Config) -> list[int]:
+    def wait_for_nodes(self, config: RunConfig) -> list[int]:
         """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
 
         A deployment's SuperNodes may join over minutes (``handshake-timeout``). A
@@ -142,8 +142,8 @@ class FlowerTransport(Transport):
         their number has not changed for ``SIMULATION_SETTLE_S`` no more will come: a
         federation of the wrong size fails within seconds, not after the timeout.
         """
-        want = int(config["num-clients"])
-        deadline = time.time() + float(config["handshake-timeout"])
+        want = config.num_clients
+        deadline = time.time() + config.handshake_timeout
         simulated = is_simulation(self.grid)
         nodes = list(self.grid.get_node_ids())
         changed = time.time()
@@ -166,7 +166,7 @@ class FlowerTransport(Transport):
             )
         return nodes
 
-    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
+    def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         """Ask each node who it is; every client loads and validates its subgraph here.
 
         Sent as soon as the nodes are there. Failures are collapsed: one line per
@@ -184,10 +184,10 @@ class FlowerTransport(Transport):
             if reason:
                 raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
                                  f"{reason}{data_root_hint(config, simulated)}")
-        record = to_config_record(client_view(config))
+        record = to_config_record(config.client_config().to_config())
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
                     for node in nodes]
-        replies, missing = self.push_and_pull(messages, float(config["handshake-timeout"]))
+        replies, missing = self.push_and_pull(messages, config.handshake_timeout)
         roster: dict[int, dict[str, Any]] = {}
         failed: dict[str, list[int]] = {}  # reason -> nodes
         codes: set[int] = set()
@@ -217,12 +217,12 @@ class FlowerTransport(Transport):
         if problems:
             hint = data_root_hint(config, simulated) if ERROR_DATA_ROOT in codes else ""
             raise RunAborted("handshake failed: " + "; ".join(problems) + hint)
-        for note in (nodes_note(resources), serialised_note(resources, int(config["num-clients"]))):
+        for note in (nodes_note(resources), serialised_note(resources, config.num_clients)):
             if note:
                 self.log(note)
         return roster
 
-    def refresh(self, config: Config, deadline: float | None = None) -> None:
+    def refresh(self, config: RunConfig, deadline: float | None = None) -> None:
         """Map nodes that (re)connected since the handshake, so a returning client
         gets its personalized model back under its new node id.
 
@@ -231,12 +231,12 @@ class FlowerTransport(Transport):
         picked up at a later round's refresh: a node whose ClientApp executor is still
         starting does not hold up the round."""
         if deadline is None:
-            deadline = time.monotonic() + float(config["round-timeout"])
+            deadline = time.monotonic() + config.round_timeout
         online = set(self.grid.get_node_ids())
         asked = set(self._rejoining.values())
         unknown = online - set(self.client_of) - asked
         if unknown:
-            record = to_config_record(client_view(config))
+            record = to_config_record(config.client_config().to_config())
             messages = [Message(RecordDict({"config": record}), n, "query", group_id="rejoin")
                         for n in sorted(unknown)]
             self._rejoining.update(self._push(messages, deadline))
@@ -259,19 +259,21 @@ class FlowerTransport(Transport):
         self._rejoining = {m: n for m, n in self._rejoining.items() if n in online}
 
     # --- one phase --------------------------------------------------------------------
-    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
-        record = to_config_record(config)
-        client_configs = client_configs or {}
+    def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
+                 ) -> Exchange:
+        records: dict[int, ConfigRecord] = {}  # one record per config object: most share one
 
-        def config_of(cid: int) -> ConfigRecord:
-            own = client_configs.get(cid)
-            return to_config_record({**config, **own}) if own else record
+        def record_of(request: ClientRequest) -> ConfigRecord:
+            if id(request.config) not in records:
+                records[id(request.config)] = to_config_record(request.config.to_config())
+            return records[id(request.config)]
 
-        group = f"{config['server-round']}" + ("" if phase.name == "train" else f".{phase.name}")
-        messages = [Message(RecordDict({"arrays": to_array_record(arrays), "config": config_of(cid)}),
+        server_round = next(iter(requests.values())).config.server_round if requests else 0
+        group = f"{server_round}" + ("" if phase.name == "train" else f".{phase.name}")
+        messages = [Message(RecordDict({"arrays": to_array_record(request.arrays),
+                                        "config": record_of(request)}),
                             self.node_of[cid], phase.message_type, group_id=group)
-                    for cid, arrays in requests.items()]
+                    for cid, request in requests.items()]
         replies, _ = self.push_and_pull(messages, timeout)
         out = Exchange()
         for reply in replies:
@@ -282,7 +284,7 @@ class FlowerTransport(Transport):
             if reply.has_error():
                 reason = f"error {reply.error.code}: {reply.error.reason}"
                 if cid is None:
-                    self.log(f"round {config['server-round']}: unknown node {node} failed: {reason}")
+                    self.log(f"round {server_round}: unknown node {node} failed: {reason}")
                 else:
                     out.failures[cid] = reason
                 continue
@@ -290,7 +292,7 @@ class FlowerTransport(Transport):
             upload = from_array_record(reply.content["arrays"])
             reported = int(metrics.get("partition-id", -1))
             if cid is None or reported != cid:
-                self.log(f"round {config['server-round']}: reply from node {node} claims client "
+                self.log(f"round {server_round}: reply from node {node} claims client "
                          f"{reported}, expected {cid}; ignored")
                 continue
             out.replies[cid] = ClientReply(upload, signature, metrics,

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..algorithms.base import Arrays, Config, Phase
-from ..config import resolve_config
+from ..algorithms.base import Phase
+from ..config import RunConfig, resolve_config
 from . import client_runtime as rt
 from .driver import RoundDriver
-from .federation import ClientReply, nbytes
+from .federation import ClientReply, ClientRequest, nbytes
 from .records import signature_floats
 from .transport import Exchange, Transport
 
@@ -32,30 +32,29 @@ class InProcessTransport(Transport):
         self.num_classes: dict[int, int] = {}
         self.trainers: dict[int, Any] = {}
 
-    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
-        k = int(config["num-clients"])
+    def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
+        k = config.num_clients
+        client = config.client_config()
         roster = {}
         for cid in range(k):
-            identity = rt.identify({"partition-id": cid, "num-partitions": k}, config)
-            self.data[cid], self.num_classes[cid] = rt.load_client_data(identity, config)
+            identity = rt.identify({"partition-id": cid, "num-partitions": k}, client)
+            self.data[cid], self.num_classes[cid] = rt.load_client_data(identity, client)
             roster[cid] = rt.describe(self.data[cid], self.num_classes[cid], identity, self.device)
         return roster
 
-    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
+    def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
+                 ) -> Exchange:
         t0 = time.perf_counter()
         out = Exchange()
-        server_round = int(config["server-round"])
-        num_classes = int(config["num-classes-global"])
-        for cid, arrays in requests.items():
-            own = (client_configs or {}).get(cid)
-            mine = {**config, **own} if own else config
+        for cid, request in requests.items():
+            arrays, mine = request.arrays, request.config
+            server_round, num_classes = mine.server_round, mine.num_classes_global
             try:
                 rt.check_memory(mine)
             except rt.MemoryGuardError as exc:
                 out.failures[cid] = f"{type(exc).__name__}: {exc}"
                 continue
-            if mine["client-state"] == "file":
+            if mine.client_state == "file":
                 try:
                     state = rt.load_state_file(mine, cid, server_round, phase)
                 except rt.StaleClientStateError as exc:  # a ClientApp's error reply, in Flower

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import Config
 from ..algorithms.supervised import resolve_metric
 from .recorder import TEST, VAL, RoundLog
 
@@ -122,7 +121,7 @@ def best_held_round(rounds: list[RoundLog], held: dict[int, tuple[float, float]]
     return scored[best_val_index([held[r.round][0] for r in scored])] if scored else None
 
 
-def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], config: Config,
+def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], metric: str,
                      num_classes: int) -> dict[str, Any]:
     """The papers' protocol: mean test at the best mean-val round, and per-client
     best-val test. "Mean" is over all clients' held models (:func:`held_means`)."""
@@ -138,7 +137,7 @@ def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], config: Conf
             per_client[str(cid)] = {"best_round": r.round, "val": 100 * r.clients[cid][VAL],
                                     "test": 100 * r.clients[cid][TEST]}
     return {
-        "metric": resolve_metric(config, num_classes),
+        "metric": resolve_metric(metric, num_classes),
         "test_at_best_val": 100 * held[best.round][1],
         "val_at_best_val": 100 * held[best.round][0],
         "best_round": best.round,
@@ -172,8 +171,8 @@ def costs(rounds: list[RoundLog]) -> dict[str, Any]:
     }
 
 
-def final(rounds: list[RoundLog], client_ids: list[int], config: Config,
+def final(rounds: list[RoundLog], client_ids: list[int], metric: str,
           num_classes: int) -> dict[str, Any]:
     """results.json's ``final``: every protocol, then the run's costs."""
-    return {**held_at_best_val(rounds, client_ids, config, num_classes),
+    return {**held_at_best_val(rounds, client_ids, metric, num_classes),
             **pooled_at_best_val_loss(rounds, client_ids), **costs(rounds)}

@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import Config
-from ..config import ConfigError
+from ..config import ConfigError, RunConfig
 
 
 class Roster:
@@ -16,12 +15,12 @@ class Roster:
     for a federation that cannot run: ids not 0..K-1, disagreeing feature widths, a
     client without training nodes."""
 
-    def __init__(self, config: Config, facts: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, config: RunConfig, facts: dict[int, dict[str, Any]]) -> None:
         self.facts = dict(sorted(facts.items()))
         self.client_ids = list(self.facts)
-        self.seed = int(config["seed"])
-        self.fraction = float(config["fraction"])
-        expected = list(range(int(config["num-clients"])))
+        self.seed = config.seed
+        self.fraction = config.fraction
+        expected = list(range(config.num_clients))
         if self.client_ids != expected:
             raise ConfigError(
                 f"clients reported partition ids {self.client_ids}, expected 0..{expected[-1]}"

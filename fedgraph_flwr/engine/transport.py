@@ -15,8 +15,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.base import Arrays, Config, Phase
-from .federation import ClientReply
+from ..algorithms.base import Phase
+from ..config import RunConfig
+from .federation import ClientReply, ClientRequest
 
 
 @dataclass
@@ -33,19 +34,18 @@ class Transport(ABC):
     """Moves one phase's requests to clients and their replies back."""
 
     @abstractmethod
-    def connect(self, config: Config) -> dict[int, dict[str, Any]]:
+    def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         """Wait for the federation's clients and return each one's handshake facts
         (:func:`~.client_runtime.describe`), keyed by logical client id."""
 
-    def refresh(self, config: Config, deadline: float | None = None  # noqa: B027 - optional hook
+    def refresh(self, config: RunConfig, deadline: float | None = None  # noqa: B027 - optional hook
                 ) -> None:
         """Between rounds: take in clients that (re)joined since the handshake, waiting
         for them no later than ``deadline`` (``time.monotonic()``; the round's)."""
 
     @abstractmethod
-    def exchange(self, phase: Phase, requests: dict[int, Arrays], config: Config,
-                 timeout: float, client_configs: dict[int, Config] | None = None) -> Exchange:
-        """Send each client its arrays with ``config`` for ``phase`` (with its own keys of
-        ``client_configs`` on top, where it has some); collect replies until all are in
-        or ``timeout`` seconds, counted from the call (sending included), pass (the rest
-        fail as missing)."""
+    def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
+                 ) -> Exchange:
+        """Send each client its request (arrays and config) for ``phase``; collect replies
+        until all are in or ``timeout`` seconds, counted from the call (sending included),
+        pass (the rest fail as missing)."""
