@@ -23,12 +23,14 @@ import numpy as np
 
 from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Config, Phase
+from ..atomic import atomic_write
 from ..config import client_config as client_view
 from ..config import default_run_name
+from ..report import write_run_report
 from . import protocols
 from .checkpoint import Checkpointer
-from .client_runtime import STATE_EXPECTED_KEY, peak_rss_mib, state_position, state_position_tag
-from .recorder import Recorder, RoundLog, atomic_write, nbytes
+from .contract import STATE_EXPECTED_KEY, STATE_TOKEN_KEY, peak_rss_mib, state_position, state_position_tag
+from .recorder import Recorder, RoundLog, nbytes
 from .roster import Roster
 
 __all__ = ["ClientReply", "Federation", "RoundLog", "nbytes"]
@@ -67,7 +69,7 @@ class Federation:
         self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
         self.payloads: dict[int, Arrays] = {}
-        self.recorder = Recorder(self.client_ids)
+        self.recorder = Recorder(self.client_ids, write_report=write_run_report)
         self.precompute: dict[str, Any] = {}  # costs of the before-first-round phases
         self.started = time.time()
         self.elapsed_before_resume = 0.0
@@ -97,12 +99,12 @@ class Federation:
         cfg = client_view(self.config)
         cfg.update({"server-round": server_round, "num-classes-global": self.num_classes,
                     "num-features-global": self.num_features,
-                    "client-state-token": self.state_token})
+                    STATE_TOKEN_KEY: self.state_token})
         return cfg
 
     def client_configs(self, clients: list[int]) -> dict[int, Config] | None:
         """Each client's own config keys: under ``client-state=file``, where its last
-        state is (:data:`~.client_runtime.STATE_EXPECTED_KEY`)."""
+        state is (:data:`~.contract.STATE_EXPECTED_KEY`)."""
         if self.config["client-state"] != "file":
             return None
         return {c: {STATE_EXPECTED_KEY: state_position_tag(self.saved_state_at[c])}
