@@ -97,8 +97,8 @@ class Recorder:
         history.append(full)
 
     def write(self, results: dict[str, Any], out: Path) -> Path:
-        """results.json, history.csv, costs.png, diagnostics.npz, heatmaps and report.html
-        under ``out``."""
+        """results.json, history.csv, costs.png, diagnostics.npz, heatmaps and (through
+        ``write_report``) report.html under ``out``."""
         out.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(results, indent=1, default=float).encode()
         atomic_write(out / "results.json", lambda fh: fh.write(payload))
