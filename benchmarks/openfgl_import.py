@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 
+from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.data.partition import load_all_clients
 
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing := [key for key in ("dataset", "num-clients") if key not in config]:
         parser.error(f"--set needs {missing[0]}=...")
     try:
-        clients = load_all_clients(config)
+        clients = load_all_clients(ClientSettings.from_config(config))
     except ValueError as e:  # the partition's own one-line errors (dataset, client count, ...)
         raise SystemExit(f"openfgl_import: {e}") from None
     if missing := [i for i, c in enumerate(clients) if "global_id" not in c]:

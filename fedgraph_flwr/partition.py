@@ -91,19 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .config import ClientSettings
     from .data.datasets import DatasetNotAvailable
     from .data.files import SubgraphFileError, export_partitions
     from .data.libmetis import LibMetisNotFound
     from .data.partition import ensure_diagnostics, ensure_partitions, load_all_clients
 
-    config = {
-        "dataset": args.dataset, "num-clients": args.num_clients, "partition": args.partition,
-        "data-root": args.data_root, "split-seed": args.split_seed,
-        "partition-seed": args.partition_seed, "partition-split": args.partition_split,
-        "split-draw": args.split_draw, "metis-library": args.metis_library,
-        "features": args.features, "lcc": not args.no_lcc,
-    }
     try:
+        config = ClientSettings.from_config({
+            "dataset": args.dataset, "num-clients": args.num_clients, "partition": args.partition,
+            "data-root": args.data_root, "split-seed": args.split_seed,
+            "partition-seed": args.partition_seed, "partition-split": args.partition_split,
+            "split-draw": args.split_draw, "metis-library": args.metis_library,
+            "features": args.features, "lcc": not args.no_lcc,
+        })
         folder = ensure_partitions(config)
         manifest = ensure_diagnostics(config, folder)  # computes them for an older cache
         if args.export:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .atomic import atomic_write
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
  color:#1d2330;background:#f4f5f7;margin:0}
@@ -102,8 +104,6 @@ def page(title: str, body: str) -> str:
 
 
 def _write(path: Path, text: str) -> Path:
-    from .engine.recorder import atomic_write
-
     data = text.encode("utf-8")
     atomic_write(path, lambda fh: fh.write(data))
     return path

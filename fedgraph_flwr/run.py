@@ -203,7 +203,7 @@ def config_error(args: Sequence[str]) -> str | None:
                 f"num-clients={config.num_clients}; make them equal")
     superlink = positionals[1] if len(positionals) > 1 else None
     if values.get("data-root") and is_local_superlink(superlink):
-        from .engine.client_runtime import missing_dataset
+        from .engine.contract import missing_dataset
 
         missing = missing_dataset(config)
         if missing:

@@ -85,10 +85,11 @@ def round_scores(stacked: np.ndarray, truths: Mapping[str, np.ndarray]) -> dict[
 def load_run_clients(config: Mapping[str, Any], data_root: str | Path | None = None) -> list[Data]:
     """The clients of a run's partition (the cache under ``data_root`` or the run's own
     ``data-root``; or the ``partition-dir`` files of ``partition=files`` runs)."""
+    from .config import ClientSettings
     from .data import files
-    from .data.partition import client_settings, load_all_clients
+    from .data.partition import load_all_clients
 
-    settings = client_settings(config)
+    settings = ClientSettings.from_config(config)
     if settings.partition == "files":
         return files.load_partition_dir(settings.partition_dir, settings.num_clients)
     if data_root:

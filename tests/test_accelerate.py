@@ -234,9 +234,10 @@ def test_child_installs_each_fab_once(tmp_path, monkeypatch):
     assert first.is_dir() and len(installs) == 2
 
 
-def test_fork_server_compiles_message_passing_once(tmp_path):
-    """After compile_message_passing_templates() (the fork server does it before
-    serving), building the layers writes no new PyG template file."""
+def test_fork_server_warm_up_compiles_message_passing_once(tmp_path):
+    """After the preloaded modules' warm-up hooks (the fork server runs them before
+    serving; fedgraph_flwr.nn's compiles PyG's templates), building the layers writes no
+    new PyG template file."""
     import subprocess
     import sys
     import textwrap
@@ -244,7 +245,7 @@ def test_fork_server_compiles_message_passing_once(tmp_path):
     code = textwrap.dedent("""
         import glob, tempfile, os
         from fedgraph_flwr.engine.accelerate import superexec as fse
-        names = fse.compile_message_passing_templates()
+        names = fse.warm_up(fse.preload(["fedgraph_flwr.nn"]))["fedgraph_flwr.nn"]
         pattern = os.path.join(tempfile.gettempdir(), "*_propagate_*.py")
         before = set(glob.glob(pattern))
         assert len(before) >= len(names), before  # PyG writes its templates here

@@ -14,6 +14,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import is_undirected
 
+from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.data import datasets as ds
 from fedgraph_flwr.data import files, synthetic
 from fedgraph_flwr.data.splits import per_client_split, random_split, split_ratios
@@ -71,8 +72,9 @@ def test_raw_features_and_no_lcc_as_fedsprays_official_code_loads_planetoid(data
 def test_the_switches_name_their_partition_build_and_reach_its_manifest(data_root):
     from fedgraph_flwr.data import partition
 
-    cfg = {"dataset": "Cora", "num-clients": 5, "partition": "louvain", "data-root": str(data_root)}
-    raw = {**cfg, "features": "raw", "lcc": False}
+    keys = {"dataset": "Cora", "num-clients": 5, "partition": "louvain", "data-root": str(data_root)}
+    cfg = ClientSettings.from_config(keys)
+    raw = ClientSettings.from_config({**keys, "features": "raw", "lcc": False})
     assert partition.cache_name(partition.cache_key(cfg)) == "Cora-louvain-5-s1234-p1234"
     assert partition.cache_name(partition.cache_key(raw)).endswith("-rawfeatures-nolcc")
     manifest = partition.read_manifest(partition.ensure_partitions(raw))

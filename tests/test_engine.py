@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.engine.loop import run_federation
 
@@ -54,10 +55,15 @@ def test_inprocess_is_deterministic(tmp_path, synthetic_root):
     assert (tmp_path / "a" / "results.json").is_file() and (tmp_path / "a" / "history.csv").is_file()
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local", "fedprox", "fedper", "fedpub", "gcfl", "apfl",
-                                       "fedgta", "fedstar",
-                                       *(pytest.param(a, marks=pytest.mark.slow)
-                                         for a in ("fedaux", "fediih", "fedspray"))])
+#: Run the live-vs-restored comparison in their own test file, on a config that suits them.
+OWN_STATE_TEST = {"adafgl", "fedgnn", "fedlit"}
+#: More than a few seconds each here (fedsage: about 90 s on 2 cores).
+SLOW_STATE_TEST = {"fedaux", "fediih", "fedsage", "fedspray"}
+
+
+@pytest.mark.parametrize("algorithm", [
+    pytest.param(a, marks=pytest.mark.slow) if a in SLOW_STATE_TEST else a
+    for a in sorted(ALGORITHMS) if a not in OWN_STATE_TEST])
 def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_root, algorithm):
     """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
     rebuilds it from its serialised local state every round (here: client-state=file).

@@ -27,7 +27,7 @@ from fedgraph_flwr import run as fedgraph_run
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine import flower_transport
-from fedgraph_flwr.engine.client_app import ERROR_DATA, ERROR_DATA_ROOT
+from fedgraph_flwr.engine.contract import ERROR_DATA, ERROR_DATA_ROOT, missing_dataset
 from fedgraph_flwr.engine.driver import RunAborted
 from fedgraph_flwr.engine.flower_transport import FlowerTransport, serialised_note
 
@@ -145,7 +145,7 @@ def test_a_simulation_checks_the_dataset_before_the_handshake(tmp_path, monkeypa
     """Its ClientApps share the ServerApp's environment and files: no message is sent."""
     monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(flower_transport, "missing_dataset", rt.missing_dataset)
+    monkeypatch.setattr(flower_transport, "missing_dataset", missing_dataset)
     grid = InMemoryGrid(list(range(1, 11)), _error(ERROR_DATA, "never asked"))
     with pytest.raises(RunAborted) as failed:
         _connect(grid)
@@ -154,14 +154,14 @@ def test_a_simulation_checks_the_dataset_before_the_handshake(tmp_path, monkeypa
         "the 10 simulated clients cannot load their data: DataRootError: dataset 'Cora' is not "
         f"available under {tmp_path / 'cache' / 'fedgraph-flwr'}: missing Cora/raw/ind.cora.x")
     assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in str(failed.value)
-    assert rt.missing_dataset(resolve_config({"dataset": "SBM"})) is None
+    assert missing_dataset(resolve_config({"dataset": "SBM"})) is None
 
 
 @requires_datasets
 def test_no_check_failure_where_the_data_is(data_root, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert rt.missing_dataset(resolve_config({"data-root": str(data_root)})) is None
-    assert rt.missing_dataset(resolve_config({"data-root": str(tmp_path)})).startswith(
+    assert missing_dataset(resolve_config({"data-root": str(data_root)})) is None
+    assert missing_dataset(resolve_config({"data-root": str(tmp_path)})).startswith(
         f"DataRootError: dataset 'Cora' is not available under {tmp_path}: missing ")
 
 

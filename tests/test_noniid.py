@@ -14,6 +14,7 @@ from scipy.spatial.distance import jensenshannon, pdist
 from sklearn.metrics.pairwise import cosine_similarity
 from torch_geometric.data import Data
 
+from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.data import noniid
 from fedgraph_flwr.data import partition as P
 from fedgraph_flwr.similarity import ground_truth_similarity, match_score, report
@@ -191,9 +192,10 @@ def cora_root(data_root, tmp_path_factory):
     return root
 
 
-def _cfg(root, k=5):
-    return {"dataset": "Cora", "num-clients": k, "partition": "metis", "split-seed": 1234,
-            "partition-seed": 1234, "data-root": str(root)}
+def _cfg(root, k=5) -> ClientSettings:
+    return ClientSettings.from_config({"dataset": "Cora", "num-clients": k, "partition": "metis",
+                                       "split-seed": 1234, "partition-seed": 1234,
+                                       "data-root": str(root)})
 
 
 def test_manifest_holds_histograms_edge_cut_and_xi(cora_root):
@@ -252,8 +254,8 @@ def test_cli_prints_xi_and_edge_cut_and_fills_old_manifests(cora_root, capsys, m
 
 
 def test_report_scores_each_round_and_draws(cora_root, tmp_path, capsys):
-    cfg = {**_cfg(cora_root), "algorithm": "fedaux", "partition-split": "auto"}
-    truth = ground_truth_similarity(P.load_all_clients(cfg), 7)
+    cfg = {**_cfg(cora_root).to_config(), "algorithm": "fedaux", "partition-split": "auto"}
+    truth = ground_truth_similarity(P.load_all_clients(_cfg(cora_root)), 7)
     run = tmp_path / "run"
     run.mkdir()
     (run / "results.json").write_text(json.dumps({"config": cfg, "num_classes": 7}))

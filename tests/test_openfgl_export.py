@@ -86,13 +86,14 @@ def test_our_partition_imports_into_openfgl_and_reads_back_equal(tmp_path, data_
     graph, features, labels, masks and global ids, and OpenFGL's global-id lists."""
     import pickle
 
+    from fedgraph_flwr.config import ClientSettings
     from fedgraph_flwr.data.partition import load_all_clients
 
     importer, export = _module("openfgl_import"), _module("openfgl_export")
     keys = ["dataset=Cora", "partition=metis", "num-clients=3", f"data-root={data_root}"]
     assert importer.main(["--root", str(tmp_path), "--set", *keys]) == 0
     folder = tmp_path / "distrib" / "subgraph_fl_metis_Cora_client_3"
-    ours = load_all_clients(dict(k.split("=", 1) for k in keys) | {"num-clients": 3})
+    ours = load_all_clients(ClientSettings.from_config(dict(k.split("=", 1) for k in keys)))
     back = export.read_openfgl_split(folder)
     assert len(back) == 3
     for i, (a, b) in enumerate(zip(ours, back)):

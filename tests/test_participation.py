@@ -16,6 +16,8 @@ from fedgraph_flwr.engine.loop import run_federation
 from helpers import round_metrics
 
 
+# A deliberate pair, not the registry: the papers' methods whose server mixes each
+# client's model from the sampled clients' signatures.
 @pytest.mark.parametrize("algorithm", ["fedaux", "fediih"])
 def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp_path, algorithm):
     cfg = resolve_config(None, {"algorithm": algorithm, "num-clients": 4, "hidden": 8,

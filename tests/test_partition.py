@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.data import files
 from fedgraph_flwr.data import partition as P
 from fedgraph_flwr.data.datasets import load_dataset
@@ -214,11 +215,11 @@ def test_system_metis_missing_library_is_one_clear_error(cora, monkeypatch):
         P.metis_membership(cora.edge_index, cora.num_nodes, 5, library="metis5")
 
 # --- the cache ------------------------------------------------------------------------------
-def _config(root: Path, **kw) -> dict:
+def _config(root: Path, **kw) -> ClientSettings:
     cfg = {"dataset": "Cora", "num-clients": 5, "partition": "metis", "split-seed": 1234,
            "partition-seed": 1234, "data-root": str(root)}
     cfg.update(kw)
-    return cfg
+    return ClientSettings.from_config(cfg)
 
 
 @pytest.mark.slow
@@ -261,7 +262,8 @@ def test_cache_build_reuse_and_verify(data_root, tmp_path, monkeypatch):
 _WORKER = """
 import json, sys
 from fedgraph_flwr.data.partition import ensure_partitions, read_manifest
-folder = ensure_partitions(json.loads(sys.argv[1]))
+from fedgraph_flwr.config import ClientSettings
+folder = ensure_partitions(ClientSettings.from_config(json.loads(sys.argv[1])))
 m = read_manifest(folder)
 print(json.dumps({"folder": str(folder), "files": m["files"], "created": m["created"],
                   "build_seconds": m["build_seconds"]}))
@@ -277,7 +279,7 @@ def test_concurrent_ensure_partitions(data_root, tmp_path):
     """
     root = tmp_path / "root"
     shutil.copytree(data_root / "Cora", root / "Cora")
-    cfg = json.dumps(_config(root, partition="metis-overlapping", **{"num-clients": 10}))
+    cfg = json.dumps(_config(root, partition="metis-overlapping", **{"num-clients": 10}).to_config())
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, cfg], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
@@ -328,12 +330,15 @@ def test_split_follows_seed_draws_a_new_split_per_run_seed(tmp_path):
     split for every seed (the FED-PUB protocol). The partition itself does not move."""
     cfg = {"dataset": "SBM", "num-clients": 3, "partition": "metis", "data-root": str(tmp_path)}
     follows = {**cfg, "split-follows-seed": True}
-    assert P.cache_key({**cfg, "seed": 4})["split_seed"] == 1234
-    assert P.cache_key({**follows, "seed": 4})["split_seed"] == 1238
-    assert P.cache_key({**follows, "seed": 4, "split-seed": 10})["split_seed"] == 14
-    seed0, seed1 = (P.load_all_clients({**follows, "seed": seed}) for seed in (0, 1))
+    def settings(keys: dict) -> ClientSettings:
+        return ClientSettings.from_config(keys)
+
+    assert P.cache_key(settings({**cfg, "seed": 4}))["split_seed"] == 1234
+    assert P.cache_key(settings({**follows, "seed": 4}))["split_seed"] == 1238
+    assert P.cache_key(settings({**follows, "seed": 4, "split-seed": 10}))["split_seed"] == 14
+    seed0, seed1 = (P.load_all_clients(settings({**follows, "seed": seed})) for seed in (0, 1))
     assert all(torch.equal(a.global_id, b.global_id) for a, b in zip(seed0, seed1))
     masks = {0: [c.train_mask for c in seed0], 1: [c.train_mask for c in seed1]}
     assert any(not torch.equal(a, b) for a, b in zip(masks[0], masks[1]))
-    again = P.load_all_clients({**follows, "seed": 1})
+    again = P.load_all_clients(settings({**follows, "seed": 1}))
     assert all(torch.equal(a, c.train_mask) for a, c in zip(masks[1], again))

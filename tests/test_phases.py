@@ -1,5 +1,5 @@
 """The round-phase contract: phase-demo (a precompute phase and two exchanges per round,
-fedgraph_flwr/algorithms/phase_demo.py) runs in process and in a real Flower simulation
+tests/phase_demo.py, registered for this module only) runs in process and in a real Flower simulation
 with identical numbers, and both client-state modes agree."""
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ import pytest
 from fedgraph_flwr.algorithms.base import TRAIN_PHASE, Phase, check_phases
 from fedgraph_flwr.engine.loop import run_federation
 
+import phase_demo
 from helpers import round_metrics, simulate
+
+
+@pytest.fixture(autouse=True, scope="module")
+def phase_demo_registered():
+    with phase_demo.registered():
+        yield
 
 
 def _config(synthetic_root, out, run_name: str, **extra) -> dict:
@@ -53,10 +60,17 @@ def test_phase_demo_state_files_equal_live_trainers(tmp_path, synthetic_root):
 @pytest.mark.simulation
 @pytest.mark.slow
 def test_phase_demo_in_flower_simulation_equals_in_process(tmp_path, synthetic_root):
+    from ray import cloudpickle
+
     from fedgraph_flwr.engine.client_app import make_client_app
     from fedgraph_flwr.engine.server_app import make_server_app
 
-    simulate(make_server_app(_config(synthetic_root, tmp_path, "flower")), make_client_app(), 3)
+    cloudpickle.register_pickle_by_value(phase_demo)  # Ray's workers cannot import tests/
+    try:
+        simulate(make_server_app(_config(synthetic_root, tmp_path, "flower")),
+                 make_client_app(mods=[phase_demo.register_in_client_app]), 3)
+    finally:
+        cloudpickle.unregister_pickle_by_value(phase_demo)
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
     inproc = run_federation(_config(synthetic_root, tmp_path, "inproc"))
     assert round_metrics(flower) == round_metrics(inproc)

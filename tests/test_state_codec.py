@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from fedgraph_flwr.algorithms import get_algorithm
+from fedgraph_flwr.algorithms import ALGORITHMS, get_algorithm
 from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
@@ -166,7 +166,8 @@ def test_a_spare_model_passes_between_clients_without_changing_a_bit():
             outs[i] = out
 
 
-@pytest.mark.parametrize("name", ["fedaux", "fedgnn", "fedgta", "fedstar", "fedlit"])
+@pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items()
+                                     if getattr(a.trainer, "restore_without_init", False)))
 def test_a_released_model_looks_like_a_fresh_one_apart_from_its_values(name):
     """What ``release`` hands on carries nothing of its last client but parameter and
     buffer values (which the next state overwrites): every other attribute of every

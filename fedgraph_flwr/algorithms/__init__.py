@@ -17,7 +17,6 @@ from . import (
     fedstar,
     gcfl,
     local,
-    phase_demo,
 )
 from .options import ConfigError, Options, option
 from .registry import ALGORITHMS, Algorithm, get_algorithm, register
@@ -40,7 +39,5 @@ register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitO
 register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
 register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.FedSageOptions)
 register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLOptions)
-register("phase-demo", phase_demo.PhaseDemoTrainer, phase_demo.PhaseDemoAggregator,
-         phase_demo.PhaseDemoOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

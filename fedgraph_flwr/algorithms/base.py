@@ -39,7 +39,7 @@ Privacy invariant: nothing a client sends in any phase may scale with its node c
 (no embeddings, scores or per-node values), except where a baseline's own published
 design does so: the trainer names those arrays in ``per_node_arrays`` (with the paper's
 reason in its docstring), and ``tests/test_privacy_and_replies.py`` allows that only for
-the algorithms it lists by name.
+those, and only where README's algorithm table discloses it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ server also holds, so the hashes hide ids from observers, not from the server. I
 public graph are dictionary-attackable whoever holds the key, in the original too.
 
 What leaves a client each round: the ``embed`` reply above (per node: the published
-leak, named in ``per_node_arrays``; a test lists this algorithm as an exemption), and
+leak, named in ``per_node_arrays``; README discloses it as an exemption), and
 every model parameter (conv1 h·d + h, conv2 h² + h, clsif C·h + C). The server learns,
 per client, which (hashed) nodes and edges it holds and their embeddings. What a client
 receives: the global model twice (``embed`` and ``train`` requests; once with

@@ -290,17 +290,8 @@ def _metis_library_version(library: str) -> dict[str, str]:
     return {"metis_library": f"{library_path()} ({idx_bits()}-bit idx_t)"}
 
 
-def client_settings(config: ClientSettings | Mapping[str, Any]) -> ClientSettings:
-    """The run's typed client settings; a mapping of run-config keys (the partition CLI's,
-    a test's) is read as one, its missing keys at their defaults."""
-    from ..config import ClientSettings
-
-    return config if isinstance(config, ClientSettings) else ClientSettings.from_config(config)
-
-
-def cache_key(config: ClientSettings | Mapping[str, Any]) -> dict[str, Any]:
+def cache_key(settings: ClientSettings) -> dict[str, Any]:
     """What identifies a partition build (everything that changes its files)."""
-    settings = client_settings(config)
     mode = settings.partition
     if mode not in MODES:
         raise ValueError(f"unknown partition mode {mode!r}; valid: {', '.join(MODES)}")
@@ -357,12 +348,11 @@ def cache_name(key: Mapping[str, Any]) -> str:
     return name
 
 
-def _config_root(config: ClientSettings | Mapping[str, Any]) -> Path:
-    root = client_settings(config).data_root
-    return Path(root).expanduser() if root else default_data_root()
+def _config_root(config: ClientSettings) -> Path:
+    return Path(config.data_root).expanduser() if config.data_root else default_data_root()
 
 
-def partitions_root(config: ClientSettings | Mapping[str, Any]) -> Path:
+def partitions_root(config: ClientSettings) -> Path:
     """``<data-root>/partitions``, or the user cache's when the data root is read-only."""
     preferred = _config_root(config) / "partitions"
     try:
@@ -446,7 +436,7 @@ def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> 
     return manifest
 
 
-def ensure_partitions(config: ClientSettings | Mapping[str, Any], verify: bool = True) -> Path:
+def ensure_partitions(config: ClientSettings, verify: bool = True) -> Path:
     """Build (once) and return the cache folder of the run's partition.
 
     Reads run-config keys ``dataset``, ``num-clients``, ``partition``, ``split-seed``
@@ -483,7 +473,7 @@ def _has_diagnostics(manifest: Mapping[str, Any]) -> bool:
     return isinstance(diag, dict) and diag.get("version") == noniid.DIAGNOSTICS_VERSION
 
 
-def ensure_diagnostics(config: ClientSettings | Mapping[str, Any],
+def ensure_diagnostics(config: ClientSettings,
                        folder: Path | None = None) -> dict[str, Any]:
     """The partition's manifest with an up-to-date ``diagnostics`` block.
 
@@ -517,7 +507,7 @@ def ensure_diagnostics(config: ClientSettings | Mapping[str, Any],
     return manifest
 
 
-def unavailable_dataset(config: ClientSettings | Mapping[str, Any]) -> str | None:
+def unavailable_dataset(config: ClientSettings) -> str | None:
     """Why :func:`load_client` would fail for want of the dataset's raw files (the
     one-line message it would raise), or None: a synthetic dataset, the raw files under
     the data root, or a complete cached build of the partition. Reads only; cheap."""
@@ -533,7 +523,7 @@ def unavailable_dataset(config: ClientSettings | Mapping[str, Any]) -> str | Non
     return str(_not_available(spec, root, missing)) if missing else None
 
 
-def load_client(config: ClientSettings | Mapping[str, Any], partition_id: int) -> Data:
+def load_client(config: ClientSettings, partition_id: int) -> Data:
     """Client ``partition_id``'s subgraph from the cache (built if needed, checksum-verified).
 
     The returned Data carries ``num_classes_total`` (the dataset's label-space size).
@@ -553,7 +543,7 @@ def load_client(config: ClientSettings | Mapping[str, Any], partition_id: int) -
     return data
 
 
-def load_all_clients(config: ClientSettings | Mapping[str, Any]) -> list[Data]:
+def load_all_clients(config: ClientSettings) -> list[Data]:
     """Every client of the run's partition, in client order."""
     folder = ensure_partitions(config, verify=True)
     k = int(read_manifest(folder)["num_clients"])

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from ..atomic import atomic_write
 from ..config import ConfigError, RunConfig
 from . import state_codec
-from .recorder import atomic_write
 
 # Config keys that may change between a run and its resume (limits, paths, logging);
 # every other key must match the checkpoint's, or resuming would mix two experiments.

@@ -27,12 +27,9 @@ from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
 from ..config import ClientConfig, ConfigError
 from . import client_runtime as rt
+from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN, peak_rss_mib
 from .records import array_to_bytes, bytes_to_array, from_array_record, to_array_record, to_metric_record
 
-ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
-ERROR_TRAIN = 4002  # the trainer raised
-ERROR_DATA_ROOT = 4003  # the dataset is not under the client's data root (rt.DataRootError)
-ERROR_MEMORY = 4004  # memory fuller than memory-limit (rt.MemoryGuardError): the run stops
 STATE_KEY = "fedgraph-state"
 
 
@@ -149,7 +146,7 @@ def train(message: Message, context: Context) -> Message:
     metrics["partition-id"] = identity.partition_id
     metrics["state-bytes"] = len(out.state)
     metrics["time-client"] = time.perf_counter() - t0
-    metrics["mem-peak-rss-mib"] = rt.peak_rss_mib()
+    metrics["mem-peak-rss-mib"] = peak_rss_mib()
     content = RecordDict({"arrays": to_array_record(out.upload),
                           "metrics": to_metric_record(metrics, out.signature)})
     return Message(content, reply_to=message)

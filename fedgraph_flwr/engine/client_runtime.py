@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
 from ..config import ClientConfig, ClientSettings
 from . import state_codec
+from .contract import TRAIN_POSITION, data_root_reason, state_position
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
 # SuperNode): reading and validating the file once is enough.
@@ -167,32 +167,12 @@ def load_client_data(identity: ClientIdentity, config: ClientSettings) -> tuple[
         else:
             data = files.load_subgraph_file(p)
     except DatasetNotAvailable as exc:
-        raise DataRootError(_data_root_reason(str(exc) or repr(exc), config)) from exc
+        raise DataRootError(data_root_reason(str(exc) or repr(exc), config)) from exc
     except (OSError, ValueError, RuntimeError) as exc:
         raise ClientDataError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
     num_classes = int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
     _DATA_CACHE[key] = (data, num_classes)
     return data, num_classes
-
-
-def _data_root_reason(message: str, config: ClientSettings) -> str:
-    """Where the dataset's files are missing and where that root came from; the server
-    adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
-    first = message.splitlines()[0].split("; downloads are not attempted")[0]
-    return f"{first} ({config.data_root_source})"
-
-
-def missing_dataset(config: ClientSettings) -> str | None:
-    """The :class:`DataRootError` every client of this run would raise here, without
-    loading anything (this process's data root and files), or None. The ServerApp of a
-    simulation asks it before the handshake: its ClientApps share its environment."""
-    if config.partition == "files":
-        return None
-    from ..data import partition
-
-    why = partition.unavailable_dataset(dataclasses.replace(config,
-                                                            data_root=str(config.data_root_path)))
-    return None if why is None else f"DataRootError: {_data_root_reason(why, config)}"
 
 
 def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:
@@ -256,12 +236,6 @@ def ray_resources() -> dict[str, Any]:
     return out
 
 
-def peak_rss_mib() -> float:
-    """This process's peak resident memory so far (MiB): a simulated ClientApp's Ray actor,
-    a deployment's ClientApp process, or the ServerApp."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def pick_device() -> torch.device:
     """CUDA when the machine has a GPU, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -288,18 +262,13 @@ def state_from_bytes(blob: bytes | bytearray | memoryview, device: torch.device)
 # r+1 starts again from round r's state, and files of other runs in the same folder are
 # never read. The token is ``ClientConfig.client_state_token``; per client, the server
 # also says where it knows this client's last state to be (``client_state_expected``,
-# "<round>:<place>", see :func:`state_position_tag`): a client whose newest state is
+# "<round>:<place>", see :func:`.contract.state_position_tag`): a client whose newest state is
 # older (another machine without the shared folder, a folder wiped mid-run) refuses it.
 _POSITION = re.compile(r"r(\d+)(?:p(\d+))?")
-TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
 
 
 class StaleClientStateError(RuntimeError):
     """A client's newest state file is older than the server knows it saved."""
-
-
-def state_position_tag(position: tuple[int, int]) -> str:
-    return f"{position[0]}:{position[1]}"
 
 
 def state_dir(config: ClientSettings, partition_id: int | None = None) -> Path:
@@ -313,15 +282,6 @@ def state_dir(config: ClientSettings, partition_id: int | None = None) -> Path:
     folder = Path(config.client_state_dir or (
         config.data_root_path / "client-state" / config.run_name)).expanduser()
     return folder if partition_id is None else folder / f"client_{int(partition_id)}"
-
-
-def state_position(config: ClientSettings, server_round: int, phase: Phase | None) -> tuple[int, int]:
-    """Where the state a client saves after ``phase`` of ``server_round`` sits in the run:
-    (round, place in the round)."""
-    if phase is None or phase.name == TRAIN:
-        return server_round, TRAIN_POSITION
-    phases = [p.name for p in get_algorithm(config.algorithm).trainer.phases]
-    return server_round, phases.index(phase.name)
 
 
 def _state_files(config: ClientConfig, partition_id: int, any_token: bool = False

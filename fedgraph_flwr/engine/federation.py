@@ -23,11 +23,13 @@ import numpy as np
 
 from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
+from ..atomic import atomic_write
 from ..config import ClientConfig, RunConfig
+from ..report import write_run_report
 from . import protocols
 from .checkpoint import Checkpointer
-from .client_runtime import peak_rss_mib, state_position, state_position_tag
-from .recorder import Recorder, RoundLog, atomic_write, nbytes
+from .contract import peak_rss_mib, state_position, state_position_tag
+from .recorder import Recorder, RoundLog, nbytes
 from .roster import Roster
 
 __all__ = ["ClientReply", "ClientRequest", "Federation", "RoundLog", "nbytes"]
@@ -73,7 +75,7 @@ class Federation:
         self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
         self.payloads: dict[int, Arrays] = {}
-        self.recorder = Recorder(self.client_ids)
+        self.recorder = Recorder(self.client_ids, write_report=write_run_report)
         self.precompute: dict[str, Any] = {}  # costs of the before-first-round phases
         self.started = time.time()
         self.elapsed_before_resume = 0.0

@@ -20,8 +20,7 @@ from flwr.serverapp import Grid
 from ..algorithms.base import Phase
 from ..config import RunConfig
 from .accelerate import bound_reply_pulls
-from .client_app import ERROR_DATA_ROOT
-from .client_runtime import missing_dataset
+from .contract import ERROR_DATA_ROOT, missing_dataset
 from .driver import RunAborted
 from .federation import ClientReply, ClientRequest, nbytes
 from .records import (

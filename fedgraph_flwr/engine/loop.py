@@ -15,6 +15,7 @@ from typing import Any
 from ..algorithms.base import Phase
 from ..config import RunConfig, resolve_config
 from . import client_runtime as rt
+from .contract import peak_rss_mib
 from .driver import RoundDriver
 from .federation import ClientReply, ClientRequest, nbytes
 from .records import signature_floats
@@ -71,7 +72,7 @@ class InProcessTransport(Transport):
                 result = rt.run_phase(self.trainers[cid], mine, phase, arrays, server_round, cid)
                 extra = {}
             metrics = {**result.metrics, **result.timings, "partition-id": cid,
-                       "mem-peak-rss-mib": rt.peak_rss_mib(), **extra}
+                       "mem-peak-rss-mib": peak_rss_mib(), **extra}
             out.replies[cid] = ClientReply(result.upload, result.signature, metrics,
                                            nbytes(result.upload) + 4 * signature_floats(result.signature))
             out.waits[cid] = time.perf_counter() - t0

@@ -7,8 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.base import Arrays
+from ..atomic import atomic_write
 
 # Metric keys every trainer reports; the headline figure uses these.
 VAL, TEST = "val_metric", "test_metric"
@@ -23,20 +23,6 @@ VAL, TEST = "val_metric", "test_metric"
 
 def nbytes(arrays: Arrays) -> int:
     return int(sum(a.nbytes for a in arrays.values()))
-
-
-def atomic_write(path: Path, write) -> None:
-    """Write through a temp file in the same folder, then rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
@@ -91,8 +77,12 @@ class RoundLog:
 class Recorder:
     """The rounds so far and the K×K diagnostics (NaN where a client sat out)."""
 
-    def __init__(self, client_ids: list[int]) -> None:
+    def __init__(self, client_ids: list[int],
+                 write_report: Callable[[dict[str, Any], Path], Path] | None = None) -> None:
         self.client_ids = list(client_ids)
+        # report.html is the product's page, not the engine's: whoever builds the run
+        # hands its writer in (Federation), so the engine imports no report module.
+        self.write_report = write_report
         self.rounds: list[RoundLog] = []
         self.diagnostics: dict[str, list[np.ndarray]] = {}
 
@@ -107,8 +97,8 @@ class Recorder:
         history.append(full)
 
     def write(self, results: dict[str, Any], out: Path) -> Path:
-        """results.json, history.csv, costs.png, diagnostics.npz, heatmaps and report.html
-        under ``out``."""
+        """results.json, history.csv, costs.png, diagnostics.npz, heatmaps and (through
+        ``write_report``) report.html under ``out``."""
         out.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(results, indent=1, default=float).encode()
         atomic_write(out / "results.json", lambda fh: fh.write(payload))
@@ -122,9 +112,8 @@ class Recorder:
             from ..plots import draw_heatmaps
 
             draw_heatmaps(stacked, self.client_ids, out)
-        from ..report import write_run_report  # last: it embeds the PNGs drawn above
-
-        write_run_report(results, out)
+        if self.write_report is not None:
+            self.write_report(results, out)  # last: it embeds the PNGs drawn above
         return out
 
     def write_history(self, path: Path) -> None:

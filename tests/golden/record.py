@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: A deliberate subset, not the registry: the recorded figures are of these five (the
+#: papers' methods and the mixing baselines); a new algorithm needs no golden figures.
 ALGORITHMS = ("fedaux", "fediih", "fedpub", "fedspray", "gcfl")
 KEYS = ("train_loss", "val_loss", "val_metric", "test_metric")
 FINAL = ("test_at_best_val", "val_at_best_val", "best_round", "per_client_best_val_test")

@@ -17,7 +17,8 @@ Other task types (ServerApp, simulation) are launched as Flower does, by
 subprocess. Forking after importing torch is safe on Linux, not on macOS (whose system
 frameworks are not fork-safe) or Windows.
 
-Fork safety: the parent only imports and builds four 1x1 PyG layers (to compile their
+Fork safety: the parent only imports and runs the preloaded modules' warm-up hooks
+(:data:`WARM_UP_HOOK`: ``fedgraph_flwr.nn`` builds four 1x1 PyG layers to compile their
 templates; single-number parameter init, no parallel torch op, CUDA never initialised,
 so the thread pools and the GPU context are created in each child). The child drops
 the exit handlers it inherited (they close the parent's Runtime API connection) and
@@ -315,18 +316,22 @@ def _install_each_fab_once() -> None:
     runtime.install_from_fab = install_once
 
 
-def compile_message_passing_templates() -> list[str]:
-    """PyG generates and imports a ``propagate`` for each MessagePassing class the first
-    time one is built (jinja + ``ast``, and a new file under the temp folder each time).
-    Built in every forked ClientApp, that was ~40 ms of CPU and one leaked temp file per
-    layer class per message; built once here (1x1 layers: parameter init on single
-    numbers, no thread pool, no CUDA), every child inherits the compiled class."""
-    from torch_geometric.nn import GCNConv, SAGEConv, SGConv
+#: A preloaded module may define a function of this name: the fork server calls it once,
+#: after preloading and before serving, for work every ClientApp would otherwise repeat
+#: (``fedgraph_flwr.nn`` compiles PyG's message-passing templates there). Found by name,
+#: so this engine module names no model code.
+WARM_UP_HOOK = "fork_server_warm_up"
 
-    from ...nn.masked import MaskedGCNConv
 
-    layers = (GCNConv(1, 1), MaskedGCNConv(1, 1), SGConv(1, 1), SAGEConv(1, 1))
-    return [type(layer).__name__ for layer in layers]
+def warm_up(modules: Sequence[str]) -> dict[str, object]:
+    """Call the :data:`WARM_UP_HOOK` of each module in ``modules`` (already imported)
+    that has one; returns what each hook returned, by module name."""
+    done: dict[str, object] = {}
+    for name in modules:
+        hook = getattr(sys.modules[name], WARM_UP_HOOK, None)
+        if callable(hook):
+            done[name] = hook()
+    return done
 
 
 def preload(modules: Sequence[str]) -> list[str]:
@@ -356,7 +361,7 @@ def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
                          "(or use flower-superexec for the kubernetes one).")
     if not {"-h", "--help", "-V", "--version"} & set(flower_args):
         names = preload(modules)
-        compile_message_passing_templates()
+        warm_up(names)
         log(INFO, "fedgraph-superexec: preloaded %d modules (%s); ClientApps fork from pid %d",
             len(names), " ".join(modules), os.getpid())
 

@@ -1,7 +1,7 @@
-"""phase-demo: the round-phase contract by example (no paper; the engine's tests run it).
+"""phase-demo: the round-phase contract by example (no paper; a test fixture, not a method).
 
 A FedAvg variant whose round has three exchanges, so the engine's multi-phase path
-is exercised the way FedSage+ or AdaFGL will use it:
+is exercised the way FedSage+ or AdaFGL use it:
 
 - ``label_counts`` (before round 1, every client): each client sends its training
   label counts (C numbers); the server keeps each client's training-set size.
@@ -13,10 +13,16 @@ is exercised the way FedSage+ or AdaFGL will use it:
 
 What leaves a client: C label counts once, one loss per round, the model's
 parameters: nothing scales with its node count.
+
+It is not in the product's registry: tests register it for their duration
+(:func:`registered`), and a Flower simulation's ClientApps, which import the package
+afresh in Ray's workers, through the mod :func:`register_in_client_app`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +30,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
-from .fedavg import GCNTrainer
-from .options import Options
+from fedgraph_flwr.algorithms import ALGORITHMS, Options
+from fedgraph_flwr.algorithms.base import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Aggregator,
+    Arrays,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+)
+from fedgraph_flwr.algorithms.fedavg import GCNTrainer
+
+NAME = "phase-demo"
 
 LABEL_COUNTS = Phase("label_counts", when="before-first-round")
 PROBE = Phase("probe")
@@ -100,3 +116,34 @@ class PhaseDemoAggregator(Aggregator):
         self.global_arrays = dict(state["global"])
         self.train_sizes = {int(c): float(v) for c, v in state["train_sizes"].items()}
         self.probe_losses = {int(c): float(v) for c, v in state["probe_losses"].items()}
+
+
+def register_phase_demo() -> None:
+    """Register phase-demo in this process unless it already is."""
+    # The registry is looked up at call time: sent by value to a Ray worker, a global
+    # dict would travel as a copy of this process's registry, not be the worker's own.
+    from fedgraph_flwr.algorithms import ALGORITHMS, register
+
+    if NAME not in ALGORITHMS:
+        register(NAME, PhaseDemoTrainer, PhaseDemoAggregator, PhaseDemoOptions)
+
+
+@contextmanager
+def registered() -> Iterator[None]:
+    """phase-demo registered for the ``with`` block only, so tests that walk the
+    registry never see it."""
+    register_phase_demo()
+    try:
+        yield
+    finally:
+        ALGORITHMS.pop(NAME, None)
+
+
+def register_in_client_app(message, context, call_next):
+    """A Flower mod: registers phase-demo in the ClientApp's process before the
+    message is handled (a simulated ClientApp runs in a Ray worker that never ran the
+    tests' registration). Ray's workers cannot import this file (tests/ is not on
+    their path), so a test sends it by value: ``ray.cloudpickle.register_pickle_by_value``."""
+    register_phase_demo()
+    return call_next(message, context)
+

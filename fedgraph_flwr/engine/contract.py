@@ -1,0 +1,68 @@
+"""The names both sides of the engine use, so neither imports the other.
+
+The server side (:mod:`.federation`, :mod:`.flower_transport`) and the client side
+(:mod:`.client_app`, :mod:`.client_runtime`) agree here on the error codes of a
+ClientApp's failed reply, where a client's saved state sits in the run
+(``client-state=file``), why a dataset cannot be loaded, and how a process's peak
+memory is measured. tests/test_import_graph.py holds the two sides apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+
+from ..algorithms import get_algorithm
+from ..algorithms.base import TRAIN, Phase
+from ..config import ClientSettings
+
+# The codes of a ClientApp's error reply (client_app.py sends them, the server reads them).
+ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid
+ERROR_TRAIN = 4002  # the trainer raised
+ERROR_DATA_ROOT = 4003  # the dataset is not under the client's data root (DataRootError)
+ERROR_MEMORY = 4004  # memory fuller than memory-limit (MemoryGuardError): the run stops
+
+# client-state=file: the place of a state in the run (client_runtime.py names the state
+# files after it; the server tells each client where it knows its last state to be,
+# ClientConfig.client_state_expected, as state_position_tag's "<round>:<place>").
+TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its round
+
+
+def state_position_tag(position: tuple[int, int]) -> str:
+    return f"{position[0]}:{position[1]}"
+
+
+def state_position(config: ClientSettings, server_round: int, phase: Phase | None
+                   ) -> tuple[int, int]:
+    """Where the state a client saves after ``phase`` of ``server_round`` sits in the run:
+    (round, place in the round)."""
+    if phase is None or phase.name == TRAIN:
+        return server_round, TRAIN_POSITION
+    phases = [p.name for p in get_algorithm(config.algorithm).trainer.phases]
+    return server_round, phases.index(phase.name)
+
+
+def data_root_reason(message: str, config: ClientSettings) -> str:
+    """Where the dataset's files are missing and where that root came from; the server
+    adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
+    first = message.splitlines()[0].split("; downloads are not attempted")[0]
+    return f"{first} ({config.data_root_source})"
+
+
+def missing_dataset(config: ClientSettings) -> str | None:
+    """The :class:`.client_runtime.DataRootError` every client of this run would raise here, without
+    loading anything (this process's data root and files), or None. The ServerApp of a
+    simulation asks it before the handshake: its ClientApps share its environment."""
+    if config.partition == "files":
+        return None
+    from ..data import partition  # heavy: only when asked
+
+    why = partition.unavailable_dataset(dataclasses.replace(config,
+                                                            data_root=str(config.data_root_path)))
+    return None if why is None else f"DataRootError: {data_root_reason(why, config)}"
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (MiB): a simulated ClientApp's Ray actor,
+    a deployment's ClientApp process, or the ServerApp."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
