@@ -134,7 +134,8 @@ def test_child_keeps_flowers_exit_handlers_but_not_its_signal_handlers(tmp_path,
     assert (tmp_path / "sigterm").read_text() == str(signal.SIG_DFL)
 
 
-def test_cli_refuses_another_executor_and_unknown_preloads():
+def test_cli_refuses_another_executor_and_unknown_preloads(monkeypatch):
+    monkeypatch.delenv(accelerate.OPT_IN_ENV, raising=False)  # the command sets it: restored
     with pytest.raises(SystemExit, match="brings its own executor"):
         accelerate.superexec_main(["--executor", "kubernetes",
                                    "--runtime-api-address", "127.0.0.1:9094"])
@@ -175,8 +176,10 @@ def test_supernode_poll_interval_is_validated():
 def test_serverapp_retries_reply_objects_sooner(monkeypatch):
     """The ServerApp's grid pulls a reply's objects with inflatable_utils.pull_objects
     (the seam in the flwr we test with); speed_up_reply_pulls sets its first retry to
-    20 ms, not 1 s."""
+    20 ms, not 1 s (opted in, as under the fedgraph-* commands)."""
     from flwr.supercore.inflatable import inflatable_utils
+
+    monkeypatch.setenv(accelerate.OPT_IN_ENV, "1")
     from flwr.superlink.grid import http_grid
 
     assert http_grid.pull_objects is inflatable_utils.pull_objects

@@ -38,14 +38,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --- the handshake's failures, once -----------------------------------------------------
 class InMemoryGrid:
-    """Named like Flower's simulation grid (the transport tells simulation by the name);
-    every node answers the handshake with ``answer(node)``."""
+    """A simulation's grid as the transport sees it: its nodes never heartbeat (Flower's
+    simulation registers them with an endless interval); every node answers the
+    handshake with ``answer(node)``."""
 
     def __init__(self, nodes: list[int], answer) -> None:
         self.nodes, self.answer, self.sent = nodes, answer, {}
 
     def get_node_ids(self):
         return list(self.nodes)
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=n, heartbeat_interval=1e300) for n in self.nodes]
 
     def push_messages(self, messages):
         ids = []
