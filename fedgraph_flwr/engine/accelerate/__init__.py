@@ -2,8 +2,8 @@
 
 Everything else in this package uses Flower's public API only (``flwr.app``,
 ``flwr.serverapp``, ``flwr.clientapp``, ``flwr.simulation``;
-tests/test_flower_surface.py holds it to that, and checks that a default-path run leaves
-every Flower attribute as it found it). What stock Flower does slowly for small
+tests/test_flower_surface.py checks at run time that a default-path run leaves every
+Flower attribute as it found it). What stock Flower does slowly for small
 graphs (a fresh ``flwr-clientapp`` process importing torch per message, 3 s idle polls,
 1 s object-pull backoffs) is fixed here by patching Flower's own modules, which no
 release promises to keep. So nothing here runs unless asked for: only the
