@@ -36,12 +36,11 @@ def main() -> None:
                         help="more run-config overrides (config-file=..., partition=files, ...)")
     args = parser.parse_args()
 
-    from flwr.simulation import run_simulation
-
     from fedgraph_flwr.config import resolve_config
     from fedgraph_flwr.engine.client_app import make_client_app
     from fedgraph_flwr.engine.loop import run_federation
     from fedgraph_flwr.engine.server_app import make_server_app
+    from fedgraph_flwr.engine.simulation import simulate
 
     out = Path(tempfile.mkdtemp(prefix="flower-overhead-"))
     given = {"algorithm": args.algorithm, "dataset": args.dataset, "num-clients": args.num_clients}
@@ -53,10 +52,10 @@ def main() -> None:
     inproc = run_federation(dict(cfg, **{"run-name": "inprocess"}))
     t_inproc = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run_simulation(make_server_app(dict(cfg, **{"run-name": "flower"})), make_client_app(),
-                   num_supernodes=int(resolved["num-clients"]),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"include_dashboard": False}})
+    simulate(make_server_app(dict(cfg, **{"run-name": "flower"})), make_client_app(),
+             num_supernodes=int(resolved["num-clients"]),
+             backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                             "init_args": {"include_dashboard": False}})
     t_flower = time.perf_counter() - t0
     flower = json.loads((out / "flower" / "results.json").read_text())
     a, b = per_round(inproc), per_round(flower)

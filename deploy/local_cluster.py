@@ -208,7 +208,7 @@ class LocalDeployment:
             health=self.health["superlink"], log_file=str(self.logs / "superlink-flower.log")))
         self.wait_for_log("superlink", r"Uvicorn running on https://", 60)
         self.start(L.SERVERAPP_EXECUTOR, L.executor_cmd(str(self.tls / "ca.crt"), self.address),
-                   env=dict(L.EXECUTOR_ENV))
+                   env=dict(L.SERVERAPP_ENV))
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         (self.flwr_home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n\n'

@@ -197,10 +197,9 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
 def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> None:
     """One cell as a Flower simulation (Ray backend) with num-clients SuperNodes, one CPU
     per ClientApp; ``num_cpus``: the CPUs Ray may use in all (default: every core)."""
-    from flwr.simulation import run_simulation
-
     from .engine.client_app import make_client_app
     from .engine.server_app import make_server_app
+    from .engine.simulation import simulate
 
     cfg = resolve_config(None, overrides)
     import torch
@@ -209,9 +208,9 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
     init_args: dict[str, Any] = {"include_dashboard": False}
     if num_cpus is not None:
         init_args["num_cpus"] = num_cpus
-    run_simulation(make_server_app(overrides), make_client_app(), num_supernodes=cfg.num_clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
-                                   "init_args": init_args})
+    simulate(make_server_app(overrides), make_client_app(), num_supernodes=cfg.num_clients,
+             backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
+                             "init_args": init_args})
 
 
 # Config keys that never define a cell (they differ between seeds or machines).

@@ -21,14 +21,13 @@ def round_metrics(results: dict) -> list:
 
 
 def simulate(server_app, client_app, num_supernodes: int) -> None:
-    """A real Flower simulation (Ray backend): one CPU per simulated client, two in all."""
-    from flwr.simulation import run_simulation
+    """A real Flower simulation (Ray backend): one CPU per simulated client, two in all
+    (fedgraph_flwr.engine.simulation: ``run_simulation`` without its deprecation line)."""
+    from fedgraph_flwr.engine.simulation import simulate as run
 
-    run_simulation(
-        server_app, client_app, num_supernodes=num_supernodes,
+    run(server_app, client_app, num_supernodes=num_supernodes,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "include_dashboard": False}},
-    )
+                        "init_args": {"num_cpus": 2, "include_dashboard": False}})
 
 
 def contract_metrics(**values: float) -> dict:

@@ -304,11 +304,15 @@ def _health_address(service: dict) -> str:
 
 def test_compose_runs_what_the_readme_runs(services):
     """The same environment as README's commands: the ServerApp executor polls every
-    0.1 s too, and the compose walk-through's `flwr run` keeps client-state="file"."""
+    0.1 s too and opts its ServerApps in to the speed-ups, and the compose walk-through's
+    `flwr run` keeps client-state="file"."""
     readme = (DEPLOY / "README.md").read_text()
     assert L.shell(L.executor_cmd("tls/ca.crt", f"127.0.0.1:{L.SUPERLINK_PORT}"),
-                   L.EXECUTOR_ENV) in readme
-    assert services[L.SERVERAPP_EXECUTOR]["environment"] == L.EXECUTOR_ENV
+                   L.SERVERAPP_ENV) in readme
+    assert services[L.SERVERAPP_EXECUTOR]["environment"] == L.SERVERAPP_ENV
+    from fedgraph_flwr.engine.accelerate import OPT_IN_ENV
+
+    assert L.SERVERAPP_ENV[OPT_IN_ENV] == "1"
     for i in range(N):
         for suffix in ("", "-gpu"):
             env = services[L.clientapp_executor_name(i) + suffix]["environment"]

@@ -38,14 +38,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --- the handshake's failures, once -----------------------------------------------------
 class InMemoryGrid:
-    """Named like Flower's simulation grid (the transport tells simulation by the name);
-    every node answers the handshake with ``answer(node)``."""
+    """A simulation's grid as the transport sees it: its nodes never heartbeat (Flower's
+    simulation registers them with an endless interval); every node answers the
+    handshake with ``answer(node)``."""
 
     def __init__(self, nodes: list[int], answer) -> None:
         self.nodes, self.answer, self.sent = nodes, answer, {}
 
     def get_node_ids(self):
         return list(self.nodes)
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=n, heartbeat_interval=1e300) for n in self.nodes]
 
     def push_messages(self, messages):
         ids = []
@@ -57,6 +61,29 @@ class InMemoryGrid:
 
     def pull_messages(self, message_ids):
         return [self.answer(self.sent[mid], mid) for mid in message_ids]
+
+
+def test_simulation_is_told_by_the_nodes_heartbeat_through_public_get_nodes():
+    """Flower's simulation registers its SuperNodes with an endless heartbeat interval;
+    deployed ones report theirs (30 s by default); a grid without node infos (Grid's
+    default get_nodes: node ids only), none, or one that fails to answer: deployment."""
+    from fedgraph_flwr.engine.flower_transport import is_simulation
+
+    def grid(*intervals, fails=False):
+        def get_nodes():
+            if fails:
+                raise ConnectionError("SuperLink unreachable")
+            return [SimpleNamespace(node_id=i, heartbeat_interval=h) for i, h in enumerate(intervals)]
+        return SimpleNamespace(get_nodes=get_nodes)
+
+    assert is_simulation(InMemoryGrid([1, 2], None))
+    assert is_simulation(grid(1e300, float("inf")))
+    assert not is_simulation(grid(30.0, 30.0))
+    assert not is_simulation(grid(1e300, 30.0))
+    assert not is_simulation(grid())
+    assert not is_simulation(grid(1e300, fails=True))
+    assert not is_simulation(SimpleNamespace(get_nodes=lambda: [SimpleNamespace(node_id=1)]))
+    assert not is_simulation(object())
 
 
 def _error(code: int, reason: str):

@@ -125,7 +125,7 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
         "command": L.executor_cmd(ca, f"127.0.0.1:{L.SUPERLINK_PORT}",
                                   health=f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),
         "network_mode": "service:superlink",  # same namespace: its own health port
-        "environment": dict(L.EXECUTOR_ENV),  # as README step 3
+        "environment": dict(L.SERVERAPP_ENV),  # as README step 3
         "volumes": [_ro(f"{L.GEN_TLS}/ca.crt", ca), f"./{L.GEN_OUTPUTS}:{L.CONTAINER_OUTPUTS}"],
         "depends_on": {"superlink": {"condition": "service_healthy"}},
         "healthcheck": _healthcheck(f"127.0.0.1:{L.EXECUTOR_HEALTH_PORT}"),

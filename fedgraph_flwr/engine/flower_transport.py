@@ -34,6 +34,9 @@ from .transport import Exchange, Transport
 
 #: In simulation, seconds the SuperNode count must hold still before it is taken as final.
 SIMULATION_SETTLE_S = 3.0
+#: A node reporting a heartbeat interval of at least this many seconds never sends one
+#: (:func:`is_simulation`).
+NEVER_BEATS_S = 1e12
 
 #: The first poll for replies waits this fraction of the last exchange's fastest reply,
 #: and never longer than FIRST_POLL_MAX seconds.
@@ -48,9 +51,18 @@ REPLY_GRACE_S = 2.0
 
 
 def is_simulation(grid: Grid) -> bool:
-    """Flower's simulation hands the ServerApp its in-memory grid. Told apart by the
-    class's name, so that no private Flower module is imported to ask."""
-    return type(grid).__name__ == "InMemoryGrid"
+    """Whether ``grid``'s SuperNodes are a simulation's: every node never heartbeats.
+
+    Read through the public ``Grid.get_nodes()``: Flower's simulation registers its
+    SuperNodes with an endless heartbeat interval (1e300 s in 1.41-1.43), a deployed
+    SuperNode reports its own (30 s by default). No class name or private module is
+    looked at. False while no node is connected, and for a grid that cannot say."""
+    try:
+        nodes = list(grid.get_nodes())
+        return bool(nodes) and all(float(getattr(node, "heartbeat_interval", 0.0) or 0.0)
+                                   >= NEVER_BEATS_S for node in nodes)
+    except Exception:  # noqa: BLE001 - a grid without get_nodes, a failed request: deployment
+        return False
 
 
 def _collapse(reason: str, nodes: list[int], total: int) -> str:
@@ -143,8 +155,8 @@ class FlowerTransport(Transport):
         """
         want = config.num_clients
         deadline = time.time() + config.handshake_timeout
-        simulated = is_simulation(self.grid)
         nodes = list(self.grid.get_node_ids())
+        simulated = bool(nodes) and is_simulation(self.grid)  # asked again when nodes join
         changed = time.time()
         while len(nodes) < want and time.time() < deadline:
             if simulated and nodes and time.time() - changed > SIMULATION_SETTLE_S:
@@ -153,6 +165,7 @@ class FlowerTransport(Transport):
             current = list(self.grid.get_node_ids())
             if len(current) != len(nodes):
                 changed = time.time()
+                simulated = bool(current) and is_simulation(self.grid)
             nodes = current
         if len(nodes) != want:
             raise RunAborted(

@@ -1,17 +1,24 @@
-"""Optional speed-ups that patch Flower internals, behind one version guard.
+"""Optional speed-ups that patch Flower internals, behind an opt-in and a version guard.
 
 Everything else in this package uses Flower's public API only (``flwr.app``,
 ``flwr.serverapp``, ``flwr.clientapp``, ``flwr.simulation``;
-tests/test_flower_surface.py holds it to that). What stock Flower does slowly for small
+tests/test_flower_surface.py checks at run time that a default-path run leaves every
+Flower attribute as it found it). What stock Flower does slowly for small
 graphs (a fresh ``flwr-clientapp`` process importing torch per message, 3 s idle polls,
 1 s object-pull backoffs) is fixed here by patching Flower's own modules, which no
-release promises to keep. So each speed-up first checks that the installed Flower is
-one it was tested with (:data:`TESTED_FLOWER`); on any other it prints one warning line
-and the stock behaviour runs: the commands become ``flower-supernode`` /
-``flower-superexec`` with the same flags, and the ServerApp pulls replies as Flower does.
+release promises to keep. So nothing here runs unless asked for: only the
+``fedgraph-superexec`` / ``fedgraph-supernode`` commands patch anything, and they set
+:data:`OPT_IN_ENV` for the processes they start (a ServerApp launched by
+``fedgraph-superexec --plugin-type serverapp`` inherits it; an operator may also export
+it before ``flower-superexec``). ``flwr run .`` and stock ``flower-superlink`` /
+``flower-superexec`` / ``flower-supernode`` run Flower untouched. Each speed-up then
+checks that the installed Flower is one it was tested with (:data:`TESTED_FLOWER`); on
+any other it prints one warning line and the stock behaviour runs: the commands become
+``flower-supernode`` / ``flower-superexec`` with the same flags, and the ServerApp pulls
+replies as Flower does.
 
 - :func:`speed_up_reply_pulls`, :func:`bound_reply_pulls`: for the ServerApp process
-  (deployment).
+  (deployment), only with :data:`OPT_IN_ENV` set to ``1``.
 - :func:`supernode_main`: the ``fedgraph-supernode`` command (:mod:`.supernode`).
 - :func:`superexec_main`: the ``fedgraph-superexec`` command (:mod:`.superexec`).
 
@@ -40,13 +47,27 @@ DEFAULT_POLL_INTERVAL = 0.2
 DEFAULT_PRELOAD = ("torch", "torch_geometric", "fedgraph_flwr.engine.client_app",
                    "fedgraph_flwr.algorithms.*", "fedgraph_flwr.data.*", "fedgraph_flwr.nn.*")
 
+#: "1" in a process whose ServerApp may patch Flower's object pulls: set by the
+#: ``fedgraph-*`` commands for what they start, never by the default path.
+OPT_IN_ENV = "FEDGRAPH_FLOWER_SPEEDUPS"
+
 _warned = False
 _pull_defaults: dict | bool | None = None  # pull_objects' defaults, once found usable
 
 
 def flower_version() -> str:
-    """The installed flwr's version, from its package metadata (imports nothing)."""
-    return metadata.version("flwr")
+    """The installed flwr's version, from its package metadata (imports nothing):
+    ``flwr``'s, else ``flwr-nightly``'s (which installs the same ``flwr`` package)."""
+    try:
+        return metadata.version("flwr")
+    except metadata.PackageNotFoundError:
+        return metadata.version("flwr-nightly")
+
+
+def opted_in() -> bool:
+    """Whether this process was started by a ``fedgraph-*`` command (or by an operator
+    who exported :data:`OPT_IN_ENV` set to 1): only then may the ServerApp patch Flower."""
+    return os.environ.get(OPT_IN_ENV) == "1"
 
 
 def flower_is_tested() -> bool:
@@ -72,8 +93,9 @@ def speed_up_reply_pulls() -> bool:
     every few ms often asks for objects not there yet, and Flower's grid then sleeps its
     1 s initial backoff: that was most of a loopback round. Call it in the ServerApp
     process; only that process is affected (the simulation's in-memory grid pulls no
-    objects, so there it changes nothing)."""
-    if not flower_is_tested():
+    objects, so there it changes nothing). Opt-in (:func:`opted_in`): without it Flower's
+    own backoff runs and nothing is patched."""
+    if not opted_in() or not flower_is_tested():
         return False
     from flwr.supercore.inflatable import inflatable_utils
 
@@ -88,8 +110,11 @@ def bound_reply_pulls(seconds: float) -> bool:
     it did. A reply announced but whose objects never finish arriving (its SuperNode
     died mid-upload) then becomes Flower's ``MESSAGE_UNAVAILABLE`` error reply instead
     of holding the round for up to two hours. Set before each pull of the ServerApp's
-    reply loop, to what is left of the round."""
+    reply loop, to what is left of the round. Opt-in (:func:`opted_in`): without it a
+    reply's objects are waited for as long as Flower's default allows."""
     global _pull_defaults
+    if not opted_in():
+        return False
     if _pull_defaults is None:  # decided once: it is called before every poll
         _pull_defaults = False
         if flower_is_tested():
@@ -127,6 +152,7 @@ def supernode_main(argv: Sequence[str] | None = None) -> None:
     ours.add_argument("--poll-interval", type=_interval, default=DEFAULT_POLL_INTERVAL,
                       help="longest wait between polls, seconds (Flower: 3 idle, 0.5 for replies)")
     args, rest = _split(argv, ours)
+    os.environ[OPT_IN_ENV] = "1"  # this command is the opt-in
     if not flower_is_tested():
         run_stock("flower-supernode", rest)
     from . import supernode
@@ -143,6 +169,7 @@ def superexec_main(argv: Sequence[str] | None = None) -> None:
                       help=f"module to import before serving (repeatable; default: "
                            f"{' '.join(DEFAULT_PRELOAD)})")
     args, rest = _split(argv, ours)
+    os.environ[OPT_IN_ENV] = "1"  # this command is the opt-in: a ServerApp it starts inherits it
     if not hasattr(os, "fork") or sys.platform == "darwin":
         print("fedgraph-superexec: forking after importing torch is only safe on Linux; "
               "running stock flower-superexec", file=sys.stderr, flush=True)
