@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 from fedgraph_flwr.config import ClientConfig
 from fedgraph_flwr.engine import flower_transport
-from fedgraph_flwr.engine.federation import ClientRequest
 from fedgraph_flwr.engine.flower_transport import FlowerTransport
+from fedgraph_flwr.engine.transport import ClientRequest
 
 
 class TimedGrid:

@@ -10,8 +10,9 @@ from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
-from fedgraph_flwr.engine.federation import ClientReply, Federation
+from fedgraph_flwr.engine.federation import Federation
 from fedgraph_flwr.engine.loop import run_federation
+from fedgraph_flwr.engine.transport import ClientReply
 
 from helpers import round_metrics
 

@@ -13,7 +13,8 @@ from torch_geometric.data import Data
 from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import RunConfig, resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
-from fedgraph_flwr.engine.federation import ClientReply, Federation
+from fedgraph_flwr.engine.federation import Federation
+from fedgraph_flwr.engine.transport import ClientReply
 
 from helpers import contract_metrics, labelled_graph
 
@@ -30,12 +31,18 @@ PUBLISHED_PER_NODE_UPLOADS: frozenset[str] = frozenset(
 
 
 def test_every_per_node_exemption_is_disclosed_in_the_readme():
-    """A method that sends per-node values says so to the user in README's algorithm
-    table ("named exemption"), and no other row claims it."""
+    """A method that sends per-node values says so to the user in README's method table
+    (its "per-node values that leave the client" column names the arrays), and no other
+    row claims it."""
     rows = {m[1]: m[2] for m in re.finditer(r"^\| `([a-z0-9-]+)` \|(.*)$", README.read_text(),
                                             flags=re.MULTILINE)}
-    disclosed = {name for name, row in rows.items() if "named exemption" in row}
+    per_node = {name: row.split("|")[2].strip() for name, row in rows.items()
+                if name != "algorithm"}  # the header row
+    disclosed = {name for name, arrays in per_node.items() if arrays != "none"}
     assert disclosed == PUBLISHED_PER_NODE_UPLOADS
+    for name in disclosed:
+        listed = {a.strip(" `") for a in per_node[name].split(",")}
+        assert listed == set(ALGORITHMS[name].trainer.per_node_arrays)
 
 
 def _graph(n: int, seed: int) -> Data:

@@ -27,7 +27,7 @@ from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
 from ..config import ClientConfig, ConfigError
 from . import client_runtime as rt
-from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN, peak_rss_mib
+from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN
 from .records import array_to_bytes, bytes_to_array, from_array_record, to_array_record, to_metric_record
 
 STATE_KEY = "fedgraph-state"
@@ -61,35 +61,35 @@ def _identity_and_data(message: Message, context: Context
     return config, identity, data, num_classes
 
 
-def load_state(config: ClientConfig, context: Context, partition_id: int,
-               phase: Phase | None = None) -> bytes | memoryview | None:
-    """The client's state from its last phase: in ``context.state`` or a per-client file."""
-    if config.client_state == "file":
-        return rt.load_state_file(config, partition_id, config.server_round, phase)
-    record = context.state.get(STATE_KEY)
-    if record is None:
-        return None
-    return array_to_bytes(record["blob"])
-
-
 #: A client state larger than this (bytes) in ``client-state="context"`` gets one warning
 #: per process: it travels between the SuperNode and the ClientApp with every message.
 LARGE_MEMORY_STATE = 64 * 2**20
 _warned_large_state = False
 
 
-def save_state(config: ClientConfig, context: Context, partition_id: int, blob: bytes,
-               phase: Phase | None = None) -> None:
-    global _warned_large_state
-    if config.client_state == "file":
-        rt.save_state_file(config, partition_id, config.server_round, blob, phase)
-        return
-    if len(blob) > LARGE_MEMORY_STATE and not _warned_large_state:
-        _warned_large_state = True
-        print(f"fedgraph-flwr: client {partition_id}'s state is {len(blob) / 2**20:.0f} MiB and "
-              f'travels with every message under client-state="context"; client-state="file" '
-              f"keeps it on this machine", file=sys.stderr, flush=True)
-    context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
+class ContextStateStore(rt.SerialisedStateStore):
+    """``client-state=context``: the state in Flower's ``context.state`` of this node."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None:
+        record = self.context.state.get(STATE_KEY)
+        return None if record is None else array_to_bytes(record["blob"])
+
+    def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None:
+        global _warned_large_state
+        if len(blob) > LARGE_MEMORY_STATE and not _warned_large_state:
+            _warned_large_state = True
+            print(f"fedgraph-flwr: client {partition_id}'s state is {len(blob) / 2**20:.0f} MiB "
+                  f'and travels with every message under client-state="context"; '
+                  f'client-state="file" keeps it on this machine', file=sys.stderr, flush=True)
+        self.context.state[STATE_KEY] = ArrayRecord({"blob": bytes_to_array(blob)})
+
+
+def state_store(config: ClientConfig, context: Context) -> rt.StateStore:
+    """Where this ClientApp keeps its state: a file of its own, or Flower's context."""
+    return rt.FileStateStore() if config.client_state == "file" else ContextStateStore(context)
 
 
 def handshake(message: Message, context: Context) -> Message:
@@ -129,24 +129,15 @@ def train(message: Message, context: Context) -> Message:
     try:
         phase = _phase_of(message, config)
         arrays = from_array_record(message.content["arrays"])
-        state = load_state(config, context, identity.partition_id, phase)
-        out = rt.phase_round(
-            data, config.num_classes_global, config, phase, arrays, state,
-            config.server_round, identity.partition_id,
-        )
-        save_state(config, context, identity.partition_id, out.state, phase)
-        rt.check_memory(config)  # what the phase left: the next one would start from it
+        out, metrics = rt.handle_phase(config, phase, arrays, data, config.num_classes_global,
+                                       identity.partition_id, state_store(config, context),
+                                       rt.pick_device())
     except rt.MemoryGuardError as exc:
         return _error_reply(message, ERROR_MEMORY, exc)
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         return _error_reply(message, ERROR_TRAIN, exc)
-    metrics = dict(out.metrics)
-    metrics.update(out.timings)
-    metrics["partition-id"] = identity.partition_id
-    metrics["state-bytes"] = len(out.state)
     metrics["time-client"] = time.perf_counter() - t0
-    metrics["mem-peak-rss-mib"] = peak_rss_mib()
     content = RecordDict({"arrays": to_array_record(out.upload),
                           "metrics": to_metric_record(metrics, out.signature)})
     return Message(content, reply_to=message)

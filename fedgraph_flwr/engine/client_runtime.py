@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
 from ..config import ClientConfig, ClientSettings
 from . import state_codec
-from .contract import TRAIN_POSITION, data_root_reason, state_position
+from .contract import TRAIN_POSITION, data_root_reason, peak_rss_mib, state_position
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
 # SuperNode): reading and validating the file once is enough.
@@ -410,6 +411,83 @@ def phase_round(
     out.timings["time-setup"] = out.timings.get("time-setup", 0.0) + restore
     out.timings["time-pack"] = out.timings.get("time-pack", 0.0) + time.perf_counter() - t1
     return out
+
+
+class StateStore(ABC):
+    """Where a client keeps its trainer between phases, and how a phase runs on it."""
+
+    #: Whether the state travels as bytes (a reply then says how many: ``state-bytes``).
+    keeps_bytes = True
+
+    @abstractmethod
+    def run(self, data: Data, num_classes: int, config: ClientConfig, phase: Phase,
+            arrays: Arrays, partition_id: int, device: torch.device) -> RoundOutput:
+        """Restore this client's trainer, run ``phase`` on it, keep its state again."""
+
+
+class SerialisedStateStore(StateStore):
+    """The state as bytes between phases (a ClientApp's context, a file): the trainer is
+    rebuilt from them every phase (:func:`phase_round`)."""
+
+    @abstractmethod
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None: ...
+
+    @abstractmethod
+    def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None: ...
+
+    def run(self, data: Data, num_classes: int, config: ClientConfig, phase: Phase,
+            arrays: Arrays, partition_id: int, device: torch.device) -> RoundOutput:
+        state = self.load(config, partition_id, phase)
+        out = phase_round(data, num_classes, config, phase, arrays, state, config.server_round,
+                          partition_id, device)
+        self.save(config, partition_id, out.state, phase)
+        return out
+
+
+class FileStateStore(SerialisedStateStore):
+    """``client-state=file``: a per-client file on this machine (:func:`save_state_file`)."""
+
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None:
+        return load_state_file(config, partition_id, config.server_round, phase)
+
+    def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None:
+        save_state_file(config, partition_id, config.server_round, blob, phase)
+
+
+class LiveTrainers(StateStore):
+    """The in-process transport's ``client-state=context``: each client's trainer stays
+    alive between phases (what a ClientApp restores from its context: the same numbers,
+    tests/test_engine.py)."""
+
+    keeps_bytes = False
+
+    def __init__(self) -> None:
+        self.trainers: dict[int, Any] = {}
+
+    def run(self, data: Data, num_classes: int, config: ClientConfig, phase: Phase,
+            arrays: Arrays, partition_id: int, device: torch.device) -> RoundOutput:
+        if partition_id not in self.trainers:
+            self.trainers[partition_id] = restore_trainer(data, num_classes, config, None, device,
+                                                          partition_id)
+        return run_phase(self.trainers[partition_id], config, phase, arrays, config.server_round,
+                         partition_id)
+
+
+def handle_phase(config: ClientConfig, phase: Phase, arrays: Arrays, data: Data,
+                 num_classes: int, partition_id: int, store: StateStore,
+                 device: torch.device) -> tuple[RoundOutput, dict[str, float]]:
+    """One phase on one client, whoever delivered the request: the ClientApp's handler
+    (Flower) and the in-process transport both call this. Checks the memory guard before
+    and after (what the phase left: the next one would start from it); returns the
+    phase's output and the reply's metrics."""
+    check_memory(config)
+    out = store.run(data, num_classes, config, phase, arrays, partition_id, device)
+    check_memory(config)
+    metrics = {**out.metrics, **out.timings, "partition-id": partition_id}
+    if store.keeps_bytes:
+        metrics["state-bytes"] = len(out.state)
+    metrics["mem-peak-rss-mib"] = peak_rss_mib()
+    return out, metrics
 
 
 def run_phase(trainer, config: ClientConfig, phase: Phase, arrays: Arrays, server_round: int,

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ..algorithms.base import AggregateResult, Phase
 from ..config import RunConfig
-from .federation import ClientReply, Federation, nbytes
-from .transport import Exchange, Transport
+from .federation import Federation
+from .recorder import nbytes
+from .transport import ClientReply, Exchange, Transport
 
 #: In a failure's reason: the client's memory guard refused (client_runtime.MemoryGuardError).
 MEMORY_GUARD = "MemoryGuardError"
@@ -39,11 +42,13 @@ class RoundDriver:
     """Runs one federation from handshake to results files."""
 
     def __init__(self, config: RunConfig, transport: Transport,
-                 log: Callable[[str], None] | None = None, *, write: bool = True) -> None:
+                 log: Callable[[str], None] | None = None, *, write: bool = True,
+                 write_report: Callable[[dict[str, Any], Path], Path] | None = None) -> None:
         self.config = config.replace(run_name=config.resolved_run_name)
         self.transport = transport
         self.log = log or (lambda msg: None)
         self.write = write
+        self.write_report = write_report  # report.html from the results (the product's page)
         self.federation: Federation | None = None
 
     def run(self) -> Federation:
@@ -53,7 +58,8 @@ class RoundDriver:
         roster = self.transport.connect(self.config)
         # A ConfigError here (a federation that cannot run, a checkpoint of another run)
         # reaches the caller as it is: one line.
-        fed = self.federation = Federation(self.config, roster, log=self.log)
+        fed = self.federation = Federation(self.config, roster, log=self.log,
+                                           write_report=self.write_report)
         first = fed.first_round()
         if first == 1:
             self.precompute(fed)
@@ -66,7 +72,7 @@ class RoundDriver:
                     fed.save_checkpoint(background=True)
                     fed.write_progress()  # what `watch` and dashboards read during the run
         finally:
-            fed.checkpointer.wait()
+            fed.wait_for_checkpoint()
         if self.write:
             out = fed.write_results()
             from ..summary import format_summary
@@ -86,8 +92,7 @@ class RoundDriver:
         timeout = self.config.round_timeout
         if deadline is not None:
             timeout = max(0.0, deadline - time.monotonic())
-        exchange = self.transport.exchange(phase, fed.client_requests(requests, server_round),
-                                           timeout)
+        exchange = self.transport.exchange(phase, requests, timeout)
         fed.note_saved_states(phase, server_round, list(exchange.replies))
         for cid in clients:
             if cid not in exchange.replies and cid not in exchange.failures:
@@ -95,7 +100,7 @@ class RoundDriver:
         for cid, reason in sorted(exchange.failures.items()):
             where = "" if phase.name == "train" else f" in phase {phase.name}"
             self.log(f"round {server_round}: client {cid} failed{where}: {reason}")
-        return exchange, {c: nbytes(a) for c, a in requests.items()}
+        return exchange, {c: nbytes(r.arrays) for c, r in requests.items()}
 
     def precompute(self, fed: Federation) -> None:
         """The ``before-first-round`` phases, on every client, as round 0."""
@@ -105,13 +110,13 @@ class RoundDriver:
             self.check_fail_fast(fed, 0, exchange.failures, None)
             failures = dict(exchange.failures)
             result = fed.phase_step(phase, 0, exchange.replies, failures)
-            fed.precompute[phase.name] = {
+            fed.record_precompute(phase.name, {
                 "bytes_sent": sum(sent.values()),
                 "bytes_received": sum(r.bytes_received for r in exchange.replies.values()),
                 "failures": {str(c): r for c, r in sorted(failures.items())},
                 "metrics": dict(result.metrics) if result else {},
                 "seconds": time.perf_counter() - t0,
-            }
+            })
 
     def run_round(self, fed: Federation, server_round: int) -> None:
         """One round: (re)joins, then each ``every-round`` phase, the train phase last.

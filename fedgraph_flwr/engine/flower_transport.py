@@ -22,7 +22,7 @@ from ..config import RunConfig
 from .accelerate import bound_reply_pulls
 from .contract import ERROR_DATA_ROOT, missing_dataset
 from .driver import RunAborted
-from .federation import ClientReply, ClientRequest, nbytes
+from .recorder import nbytes
 from .records import (
     from_array_record,
     from_metric_record,
@@ -30,7 +30,7 @@ from .records import (
     to_array_record,
     to_config_record,
 )
-from .transport import Exchange, Transport
+from .transport import ClientReply, ClientRequest, Exchange, Transport
 
 #: In simulation, seconds the SuperNode count must hold still before it is taken as final.
 SIMULATION_SETTLE_S = 3.0

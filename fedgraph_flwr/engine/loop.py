@@ -15,23 +15,24 @@ from typing import Any
 from ..algorithms.base import Phase
 from ..config import RunConfig, resolve_config
 from . import client_runtime as rt
-from .contract import peak_rss_mib
 from .driver import RoundDriver
-from .federation import ClientReply, ClientRequest, nbytes
+from .recorder import nbytes
 from .records import signature_floats
-from .transport import Exchange, Transport
+from .transport import ClientReply, ClientRequest, Exchange, Transport
 
 
 class InProcessTransport(Transport):
-    """Each client's data loaded once; its trainer kept alive between phases (what a
-    ClientApp restores from ``context.state``), or restored from its state file with
+    """Each client's data loaded once; each phase handled by the ClientApp's own handler
+    (:func:`~.client_runtime.handle_phase`), the trainer kept alive between phases (what a
+    ClientApp restores from ``context.state``) or restored from its state file with
     ``client-state=file``, exactly as the ClientApp does."""
 
     def __init__(self) -> None:
         self.device = rt.pick_device()
         self.data: dict[int, Any] = {}
         self.num_classes: dict[int, int] = {}
-        self.trainers: dict[int, Any] = {}
+        self.live = rt.LiveTrainers()
+        self.files = rt.FileStateStore()
 
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         k = config.num_clients
@@ -48,31 +49,15 @@ class InProcessTransport(Transport):
         t0 = time.perf_counter()
         out = Exchange()
         for cid, request in requests.items():
-            arrays, mine = request.arrays, request.config
-            server_round, num_classes = mine.server_round, mine.num_classes_global
+            config = request.config
+            store = self.files if config.client_state == "file" else self.live
             try:
-                rt.check_memory(mine)
-            except rt.MemoryGuardError as exc:
-                out.failures[cid] = f"{type(exc).__name__}: {exc}"
+                result, metrics = rt.handle_phase(config, phase, request.arrays, self.data[cid],
+                                                  config.num_classes_global, cid, store,
+                                                  self.device)
+            except (rt.MemoryGuardError, rt.StaleClientStateError) as exc:  # a ClientApp's
+                out.failures[cid] = f"{type(exc).__name__}: {exc}"  # error reply, in Flower
                 continue
-            if mine.client_state == "file":
-                try:
-                    state = rt.load_state_file(mine, cid, server_round, phase)
-                except rt.StaleClientStateError as exc:  # a ClientApp's error reply, in Flower
-                    out.failures[cid] = f"{type(exc).__name__}: {exc}"
-                    continue
-                result = rt.phase_round(self.data[cid], num_classes, mine, phase, arrays,
-                                        state, server_round, cid, self.device)
-                rt.save_state_file(mine, cid, server_round, result.state, phase)
-                extra = {"state-bytes": len(result.state)}
-            else:
-                if cid not in self.trainers:
-                    self.trainers[cid] = rt.restore_trainer(self.data[cid], num_classes, mine,
-                                                            None, self.device, cid)
-                result = rt.run_phase(self.trainers[cid], mine, phase, arrays, server_round, cid)
-                extra = {}
-            metrics = {**result.metrics, **result.timings, "partition-id": cid,
-                       "mem-peak-rss-mib": peak_rss_mib(), **extra}
             out.replies[cid] = ClientReply(result.upload, result.signature, metrics,
                                            nbytes(result.upload) + 4 * signature_floats(result.signature))
             out.waits[cid] = time.perf_counter() - t0
@@ -86,7 +71,10 @@ def run_federation(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a whole federation in-process; return the results dict (and write files)."""
+    from ..report import write_run_report
+
     config = resolve_config(None, overrides)
-    driver = RoundDriver(config, InProcessTransport(), log=log, write=write)
+    driver = RoundDriver(config, InProcessTransport(), log=log, write=write,
+                         write_report=write_run_report)
     return driver.run().results()
 

@@ -26,7 +26,10 @@ def run_server(grid: Grid, run_config: Mapping[str, Any], overrides: Mapping[str
     from .accelerate import speed_up_reply_pulls  # optional; steps aside on untested Flower
 
     speed_up_reply_pulls()
-    driver = driver_cls(config, FlowerTransport(grid, log=_log), log=_log)
+    from ..report import write_run_report
+
+    driver = driver_cls(config, FlowerTransport(grid, log=_log), log=_log,
+                        write_report=write_run_report)
     driver.run()
     return driver
 

@@ -15,9 +15,26 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.base import Phase
-from ..config import RunConfig
-from .federation import ClientReply, ClientRequest
+from ..algorithms.base import Arrays, Phase
+from ..config import ClientConfig, RunConfig
+
+
+@dataclass
+class ClientRequest:
+    """What the server sends one client for one phase: its arrays and its config."""
+
+    arrays: Arrays
+    config: ClientConfig
+
+
+@dataclass
+class ClientReply:
+    """A decoded, not yet validated reply of one client in one phase."""
+
+    upload: Arrays
+    signature: Arrays
+    metrics: dict[str, float]
+    bytes_received: int = 0
 
 
 @dataclass

@@ -1,0 +1,148 @@
+"""A run's record and what is written from it: the rounds (:class:`~.recorder.Recorder`),
+the costs of the phases before round 1, ``results.json`` and the files beside it,
+``progress.json`` after every round, and the checkpoint.
+
+The report page is the product's, not the engine's: whoever builds the run hands its
+writer in (``write_report``), so the engine imports no report module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..atomic import atomic_write
+from ..config import RunConfig
+from . import protocols
+from .checkpoint import Checkpointer
+from .contract import peak_rss_mib
+from .recorder import Recorder, RoundLog
+
+
+class RunRecorder:
+    """Records one run and writes its files under ``<output-dir>/<run-name>``."""
+
+    def __init__(self, config: RunConfig, client_facts: dict[int, dict[str, Any]],
+                 num_features: int, num_classes: int,
+                 write_report: Callable[[dict[str, Any], Path], Path] | None = None) -> None:
+        self.config = config
+        self.client_facts = client_facts
+        self.client_ids = list(client_facts)
+        self.num_features = num_features
+        self.num_classes = num_classes
+        self.recorder = Recorder(self.client_ids, write_report=write_report)
+        self.precompute: dict[str, Any] = {}  # costs of the before-first-round phases
+        self.started = time.time()
+        self.elapsed_before_resume = 0.0
+        self.out_dir = Path(config.output_dir).expanduser() / config.run_name
+        self.checkpointer = Checkpointer(self.out_dir)
+
+    @property
+    def rounds(self) -> list[RoundLog]:
+        return self.recorder.rounds
+
+    @property
+    def diagnostics(self) -> dict[str, list[np.ndarray]]:
+        return self.recorder.diagnostics
+
+    def record_precompute(self, phase: str, costs: dict[str, Any]) -> None:
+        """What a ``before-first-round`` phase cost (bytes, failures, metrics, seconds)."""
+        self.precompute[phase] = costs
+
+    # --- summaries and files --------------------------------------------------------
+    def held_means(self) -> dict[int, tuple[float, float]]:
+        return protocols.held_means(self.rounds, self.client_ids)
+
+    def final(self) -> dict[str, Any]:
+        return protocols.final(self.rounds, self.client_ids, self.config.metric, self.num_classes)
+
+    def wall_time(self) -> float:
+        return self.elapsed_before_resume + (time.time() - self.started)
+
+    def results(self) -> dict[str, Any]:
+        held = self.held_means()
+        out = {
+            "config": self.config.all_keys(),
+            "clients": {str(c): f for c, f in self.client_facts.items()},
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "rounds": [{**r.to_json(), "held_mean_val": held[r.round][0],
+                        "held_mean_test": held[r.round][1]} for r in self.rounds],
+            "wall_time_s": self.wall_time(),
+            "server_peak_rss_mib": peak_rss_mib(),
+            "final": self.final(),
+        }
+        if self.precompute:
+            out["precompute"] = self.precompute
+        return out
+
+    def write_results(self) -> Path:
+        """results.json, history.csv, costs.png, diagnostics.npz and heatmaps under ``out_dir``
+        (after the last checkpoint is on disk)."""
+        self.checkpointer.wait()
+        return self.recorder.write(self.results(), self.out_dir)
+
+    def progress(self) -> dict[str, Any]:
+        """A live run's state in a few hundred bytes (``progress.json``, rewritten after
+        every round): where it is, the last round's means and failures, the best so far."""
+        last = self.rounds[-1] if self.rounds else None
+        held = self.held_means()
+        best = protocols.best_held_round(self.rounds, held)
+        elapsed = self.wall_time()
+        done = len(self.rounds)
+        total = self.config.rounds
+        return {
+            "run-name": self.config.run_name, "algorithm": self.config.algorithm,
+            "dataset": self.config.dataset, "round": last.round if last else 0,
+            "rounds": total, "finished": bool(last) and last.round == total,
+            "elapsed_s": elapsed,
+            "eta_s": elapsed / done * (total - last.round) if last else None,
+            "last_round": None if last is None else {
+                "mean_val": last.mean("val_metric"), "mean_test": last.mean("test_metric"),
+                "mean_train_loss": last.mean("train_loss"), "void": last.void,
+                "clients": len(last.clients), "sampled": len(last.sampled),
+                "failures": {str(c): r for c, r in sorted(last.failures.items())},
+                "seconds": last.times.get("round"),
+            },
+            "best_so_far": None if best is None else {
+                "round": best.round, "val": 100 * held[best.round][0],
+                "test": 100 * held[best.round][1]},
+        }
+
+    def write_progress(self) -> Path:
+        path = self.out_dir / "progress.json"
+        payload = json.dumps(self.progress(), indent=1, default=float).encode()
+        atomic_write(path, lambda fh: fh.write(payload))
+        return path
+
+    # --- checkpoint -----------------------------------------------------------------
+    def save_checkpoint(self, state: dict[str, Any], *, background: bool = False) -> None:
+        """The record's part of a checkpoint plus ``state`` (the server's other parts)
+        (atomic; written in a thread when ``background``, see :meth:`Checkpointer.save`)."""
+        self.checkpointer.save(self.config, {
+            **state,
+            "round": self.rounds[-1].round if self.rounds else 0,
+            "rounds_json": json.dumps([r.to_json() for r in self.rounds], default=float),
+            "diagnostics": {n: list(v) for n, v in self.diagnostics.items()},
+            "precompute_json": json.dumps(self.precompute, default=float),
+            "elapsed": self.wall_time(),
+        }, background=background)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """Restore the record from the checkpoint; return the whole saved state."""
+        state = self.checkpointer.load(self.config)
+        self.recorder.rounds = [RoundLog.from_json(d) for d in json.loads(state["rounds_json"])]
+        self.recorder.diagnostics = state["diagnostics"]
+        self.precompute = json.loads(state.get("precompute_json", "{}"))
+        self.elapsed_before_resume = float(state["elapsed"])
+        self.started = time.time()
+        return state
+
+    def wait(self) -> None:
+        """Until the last checkpoint is on disk (re-raises its write's error)."""
+        self.checkpointer.wait()
