@@ -294,7 +294,7 @@ class RunConfig(ServerSettings, ClientConfig):
         return ClientConfig(**settings, options=self.options, **facts)
 
 
-_ROUND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ClientConfig)
+_ROUND_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ClientConfig)
                    if "context" in f.metadata and f.name != "options"}
 
 

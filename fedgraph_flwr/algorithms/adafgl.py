@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -392,6 +392,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         """(homophilous module trained, heterophilous module trained)."""
         if self.options.combine == "soft":
             return True, True
+        assert self.step2 is not None  # step 2 prepared (prepare_step2 or load_local_state)
         homo = float(self.step2["hcs"]) >= self.options.threshold
         return homo, not homo
 
@@ -432,6 +433,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         """X_s on the rewired graph [n, (K+1)·d], recomputed from the support when needed."""
         if self._smooth is None:
             opts, s = self.options, self.step2
+            assert s is not None  # step 2 prepared (prepare_step2 or load_local_state)
             linked = s["prior"] > 0
             adjacency = rewired_adjacency(self.data.edge_index, self.data.num_nodes,
                                           s["row"][linked], s["col"][linked], opts.alpha, opts.r)
@@ -440,6 +442,7 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     def step2_outputs(self) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         s = self.step2
+        assert s is not None  # step 2 prepared (prepare_step2 or load_local_state)
         homo = self.homo(self.smooth) if self.homo is not None else None
         hete = (self.hete(self.data.x, self.smooth, s["row"], s["col"], s["prior"])
                 if self.hete is not None else None)
@@ -447,6 +450,7 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     def step2_epoch(self) -> float:
         data, s = self.data, self.step2
+        assert s is not None and self.step2_optimizer is not None  # step 2 prepared
         train, y = data.train_mask, data.y
         for m in (self.homo, self.hete):
             if m is not None:
@@ -466,14 +470,17 @@ class AdaFGLTrainer(SupervisedTrainer):
     @torch.no_grad()
     def step2_probs(self) -> torch.Tensor:
         """The step-2 prediction [n, C] (eval mode)."""
+        assert self.step2 is not None  # step 2 prepared (prepare_step2 or load_local_state)
         for m in (self.homo, self.hete):
             if m is not None:
                 m.eval()
         homo, hete = self.step2_outputs()
         homo_p = (None if homo is None else
                   0.5 * (F.softmax(homo, dim=1) + F.softmax(self.step2["probs"], dim=1)))
-        hete_p = None if hete is None else sum(F.softmax(z, dim=1) for z in hete) / 3.0
+        hete_p = (None if hete is None else  # hete is non-empty: a tensor, not sum()'s 0
+                  cast(torch.Tensor, sum(F.softmax(z, dim=1) for z in hete)) / 3.0)
         if homo_p is None:
+            assert hete_p is not None  # uses() trains at least one module
             return hete_p
         if hete_p is None:
             return homo_p
@@ -518,6 +525,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         else:
             logits = torch.log(self.held_probs.clamp_min(PROB_FLOOR))
             metrics = evaluation_metrics(logits, self.data, self.metric)
+            assert self.step2 is not None  # delivered and held_probs: step 2 ran
             hcs = float(self.step2["hcs"])
             use_homo, use_hete = self.uses()
             homo = 1.0 if use_homo and not use_hete else 0.0 if use_hete and not use_homo else 0.5
@@ -530,6 +538,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         state = {**super().local_state(), "step1_loss": self.step1_loss,
                  "delivered": self.delivered}
         if self.step2 is not None:
+            assert self.step2_optimizer is not None  # built with step2 (build_step2_modules)
             state["step2"] = {
                 "tensors": dict(self.step2),
                 "homo": None if self.homo is None else self.homo.state_dict(),
@@ -554,6 +563,7 @@ class AdaFGLTrainer(SupervisedTrainer):
             self.homo.load_state_dict(step2["homo"])
         if self.hete is not None:
             self.hete.load_state_dict(step2["hete"])
+        assert self.step2_optimizer is not None  # just built
         self.step2_optimizer.load_state_dict(step2["optimizer"])
         self.epochs_done = int(step2["epochs_done"])
         self.step2_loss = float(step2["loss"])

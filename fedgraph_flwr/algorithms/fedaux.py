@@ -92,6 +92,7 @@ class FedAuxTrainer(SupervisedTrainer):
 
     options_class = FedAuxOptions
     options: FedAuxOptions
+    model: FedAuxNet
     # FED-PUB masks: personal, never uploaded, never overwritten by the server.
     local_keys = ("mask",)
     restore_without_init = True  # local_state holds the whole model; no other randomness
@@ -133,9 +134,9 @@ def apv_alignment(h: torch.Tensor, apv: torch.Tensor) -> float:
     h [N, d'], apv [d']. Only the top eigenpair is computed (LAPACK ``syevr`` with an
     index subset): a full ``eigh`` of the d'×d' covariance took ~20% of a Cora round.
     """
-    h = h.detach().double().cpu().numpy()
-    centred = h - h.mean(axis=0, keepdims=True)
-    cov = centred.T @ centred / max(h.shape[0], 1)  # [d', d']
+    hn = h.detach().double().cpu().numpy()
+    centred = hn - hn.mean(axis=0, keepdims=True)
+    cov = centred.T @ centred / max(hn.shape[0], 1)  # [d', d']
     d = cov.shape[0]
     top = eigh(cov, subset_by_index=[d - 1, d - 1], driver="evr")[1][:, 0]
     a = apv.detach().double().cpu().numpy()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -37,7 +37,7 @@ class GCNTrainer(SupervisedTrainer):
     where Local and FedAvg run on each of FedSpray's personalized backbones.
     """
 
-    options_class = FedAvgOptions
+    options_class: ClassVar[type[Options]] = FedAvgOptions  # subclasses bring their own
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
@@ -66,7 +66,7 @@ def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
 class FedAvgAggregator(Aggregator):
     """θ = Σ_k w_k θ_k with w_k ∝ training nodes (``fedavg-weighting=train``) or 1/K."""
 
-    options_class = FedAvgOptions
+    options_class: ClassVar[type[Options]] = FedAvgOptions  # subclasses bring their own
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         global_arrays = weighted_average(updates, self.weighting(), self.mix_dtype)

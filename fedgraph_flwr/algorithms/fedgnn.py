@@ -259,6 +259,7 @@ class FedGNNTrainer(SupervisedTrainer):
 
     options_class = FedGNNOptions
     options: FedGNNOptions
+    model: FedGNNNet
     phases = (EMBED, EXPAND, TRAIN_PHASE)
     per_node_arrays = PER_NODE
     restore_without_init = True  # local_state holds the whole model; no other randomness

@@ -109,6 +109,7 @@ class FedIIHTrainer(SupervisedTrainer):
 
     options_class = FedIIHOptions
     options: FedIIHOptions
+    model: DisenGCN
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer

@@ -263,6 +263,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
 
     options_class = FedLitOptions
     options: FedLitOptions
+    model: MultiChannelGCN
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:

@@ -35,8 +35,9 @@ the same weight and a zero bias (on Cora-10 the two are within noise, docs/resul
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -103,7 +104,7 @@ class MaskedGCN(nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
-        for conv in self.convs:
+        for conv in cast(Iterable[MaskedGCNConv], self.convs):  # ModuleList yields nn.Module
             conv.reset_parameters()
         self.classifier.reset_parameters()
         if self.classifier_init == "xavier":

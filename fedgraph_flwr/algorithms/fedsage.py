@@ -508,11 +508,12 @@ class FedSageTrainer(SupervisedTrainer):
         slots = out.slots[rows]
         used = torch.arange(self.options.num_pred, device=self.device).view(1, -1) < slots.view(-1, 1)
         vectors = out.generated[rows] * used.unsqueeze(-1)
-        arrays = {VECTORS: vectors.cpu().numpy().astype(np.float32),
+        arrays: Arrays = {VECTORS: vectors.cpu().numpy().astype(np.float32),
                   SLOTS: slots.cpu().numpy().astype(np.int64)}
         if self.options.cross_targets == "random":
             missing = self.impaired.missing[out.rows[rows]].clamp(max=self.options.num_pred)
             arrays[TRUE_COUNTS] = missing.cpu().numpy().astype(np.int64)
+        assert self.neighgen is not None  # run_phase's _ensure_generator built it
         self.neighgen.requires_grad_(True)
         return PhaseReply(arrays=arrays, metrics={
             "degree_loss": float(out.degree_loss), "feat_loss": float(out.feat_loss),
@@ -542,6 +543,7 @@ class FedSageTrainer(SupervisedTrainer):
         gradients of the other clients' feature losses."""
         opts = self.options
         trained = self._fed_mode()
+        optimizer: torch.optim.Optimizer | None
         if opts.fed_train == "fgen":
             if self.fed_optimizer is None:
                 self.fed_optimizer = self._adam(trained)
@@ -644,6 +646,7 @@ class FedSageTrainer(SupervisedTrainer):
                  "fed_optimizer": None, "mended": None}
         if self.neighgen is not None:
             state["neighgen"] = self.neighgen.state_dict()
+            assert self.gen_optimizer is not None  # built with neighgen (_ensure_generator)
             state["gen_optimizer"] = self.gen_optimizer.state_dict()
             if self.fed_optimizer is not None:
                 state["fed_optimizer"] = self.fed_optimizer.state_dict()

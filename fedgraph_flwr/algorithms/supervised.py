@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
 @functools.lru_cache(maxsize=16)
-def _cached_meta_model(cls: type, num_features: int, num_classes: int,
+def _cached_meta_model(cls: type[SupervisedTrainer], num_features: int, num_classes: int,
                        config: ClientConfig) -> nn.Module:
     """``cls.build_model`` on the meta device (shapes only, no storage), built once per
     process and shape: a ClientApp restores its trainer every round, and building the
@@ -148,7 +148,8 @@ class SupervisedTrainer(ClientTrainer):
         training mode (its state then overwrites every parameter and buffer)."""
         if self._spare_key is None:
             return
-        model, self.model, key, self._spare_key = self.model, None, self._spare_key, None
+        model, key, self._spare_key = self.model, self._spare_key, None
+        del self.model  # the spare pool holds it now; this trainer is done
         model.train()
         for param in model.parameters():
             param.grad = None
@@ -253,12 +254,19 @@ class SupervisedTrainer(ClientTrainer):
 EVALUATE_POINTS = ("after-train", "before-train")
 
 
-class EvaluatesReceivedModel:
+if TYPE_CHECKING:
+    _MixinBase = SupervisedTrainer  # the class it is mixed into: its options, its evaluate
+else:
+    _MixinBase = object
+
+
+class EvaluatesReceivedModel(_MixinBase):
     """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose
     options have ``evaluate`` in :data:`EVALUATE_POINTS`: with ``before-train`` the round's
     metrics describe the model ``train`` received, scored by :meth:`score_received_model`
     at the start of ``train``."""
 
+    options: Any  # the algorithm's options: they have ``evaluate``
     received_metrics: dict[str, float] | None = None
 
     def score_received_model(self) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
@@ -125,10 +125,11 @@ def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
     for key, value in record.items():
         if key.startswith(SIG):
             name = key[len(SIG):]
-            shape = tuple(int(s) for s in record.get(SIGSHAPE + name, [len(value)]))
-            signature[name] = np.asarray(value, dtype=np.float32).reshape(shape)
+            values = cast(list[float], value)  # to_metric_record writes signatures as lists
+            shape = tuple(int(s) for s in cast(list[int], record.get(SIGSHAPE + name, [len(values)])))
+            signature[name] = np.asarray(values, dtype=np.float32).reshape(shape)
         elif not key.startswith(SIGSHAPE):
-            metrics[key] = float(value)
+            metrics[key] = float(cast(float, value))  # and metrics as scalars
     return metrics, signature
 
 
