@@ -79,6 +79,7 @@ class FedAuxOptions(Options, prefix="fedaux"):
                          choices=SERVER_MODES)
 
     def check(self) -> None:
+        """Reject option values that are invalid together."""
         if self.hard_kernel % 2 == 0:
             raise self.invalid("hard_kernel", "must be odd")
 
@@ -99,6 +100,7 @@ class FedAuxTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> FedAuxNet:
+        """FedAux's client model: backbone, APV and classifier (FedAuxNet)."""
         opts = config.options_of(FedAuxOptions)
         return FedAuxNet(
             num_features, config.hidden, num_classes,
@@ -117,10 +119,12 @@ class FedAuxTrainer(SupervisedTrainer):
         )
 
     def signature(self) -> Arrays:
+        """The APV, which the server compares clients by."""
         return {APV_KEY: self.model.apv.detach().cpu().numpy().astype(np.float32)}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Scores of the current model plus the APV's alignment with Cov(h)'s top eigenvector."""
         self.model.eval()
         h = self.model.embed(self.data.x, self.message_graph())  # one pass for both uses
         metrics = self.metrics_from_logits(self.model.head(h))
@@ -157,6 +161,7 @@ class FedAuxAggregator(Aggregator):
     options: FedAuxOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Personalized models mixed by the softmax of APV similarities (Eqs. 7-8)."""
         ids = sorted(updates)
         apvs = np.stack([self._apv_of(updates[c]) for c in ids])
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)

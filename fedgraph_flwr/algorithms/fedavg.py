@@ -41,6 +41,7 @@ class GCNTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The ``gnn`` backbone (gcn, sgc or sage) as a PersonalGNN."""
         backbone = config.gnn
         if backbone == "gcn":
             return GCN(num_features, config.hidden, num_classes,
@@ -69,6 +70,7 @@ class FedAvgAggregator(Aggregator):
     options_class: ClassVar[type[Options]] = FedAvgOptions  # subclasses bring their own
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """One weighted average of the updates, sent to every client."""
         global_arrays = weighted_average(updates, self.weighting(), self.mix_dtype)
         return AggregateResult(payloads={c: global_arrays for c in updates})
 

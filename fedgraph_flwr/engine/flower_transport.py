@@ -273,6 +273,7 @@ class FlowerTransport(Transport):
     # --- one phase --------------------------------------------------------------------
     def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
                  ) -> Exchange:
+        """Send each request as a Flower message and collect the replies until ``timeout``."""
         records: dict[int, ConfigRecord] = {}  # one record per config object: most share one
 
         def record_of(request: ClientRequest) -> ConfigRecord:

@@ -107,6 +107,7 @@ def array_to_bytes(array: Array) -> memoryview:
 
 
 def to_config_record(config: dict[str, Any]) -> ConfigRecord:
+    """The scalar and string entries of ``config`` as a ConfigRecord."""
     return ConfigRecord({k: v for k, v in config.items() if isinstance(v, (bool, int, float, str))})
 
 
@@ -120,6 +121,7 @@ def to_metric_record(metrics: dict[str, float], signature: Arrays) -> MetricReco
 
 
 def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
+    """Metrics and signature arrays from a reply's MetricRecord (inverse of to_metric_record)."""
     metrics: dict[str, float] = {}
     signature: Arrays = {}
     for key, value in record.items():
@@ -134,4 +136,5 @@ def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
 
 
 def signature_floats(signature: Arrays) -> int:
+    """Number of floats in ``signature``."""
     return int(sum(a.size for a in signature.values()))

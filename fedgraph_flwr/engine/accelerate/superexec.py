@@ -68,6 +68,7 @@ class ForkingClientAppExecutor(SubprocessExecutor):
         self.children: set[int] = set()
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        """Fork a child that runs the ClientApp of ``spec``."""
         if spec.task_type != TaskType.CLIENT_APP:
             return super().launch(spec)
         parent = os.getpid()
@@ -81,6 +82,7 @@ class ForkingClientAppExecutor(SubprocessExecutor):
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
+        """Reap the children that have exited."""
         for pid in list(self.children):
             try:
                 done, status = os.waitpid(pid, os.WNOHANG)

@@ -51,6 +51,7 @@ class CappedSleepTime:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
+        """Sleep, capped at ``cap`` for long waits and ``local_cap`` for short ones."""
         time.sleep(min(seconds, self.cap if seconds >= 1.0 else self.local_cap))
 
 
