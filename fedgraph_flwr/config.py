@@ -294,7 +294,7 @@ class RunConfig(ServerSettings, ClientConfig):
         return ClientConfig(**settings, options=self.options, **facts)
 
 
-_ROUND_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ClientConfig)
+_ROUND_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ClientConfig)
                    if "context" in f.metadata and f.name != "options"}
 
 
@@ -412,6 +412,7 @@ def _check_partition_dir(folder: str, num_clients: int) -> None:
 
 
 def get_algorithm_or_fail(name: str) -> Algorithm:
+    """The registered algorithm ``name``, or a ConfigError that lists the valid names."""
     try:
         return get_algorithm(name)
     except ValueError as exc:
@@ -459,6 +460,7 @@ def pyproject_with_block(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m fedgraph_flwr.config",
                                      description="Run-config defaults and pyproject.toml.")
     group = parser.add_mutually_exclusive_group(required=True)

@@ -75,6 +75,7 @@ def readme_with_table(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m fedgraph_flwr.docs_tables",
                                      description="README's method table from the algorithm registry.")
     group = parser.add_mutually_exclusive_group(required=True)

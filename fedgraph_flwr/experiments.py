@@ -139,6 +139,7 @@ class PlainLog:
 
 def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engine: str,
              extra: dict[str, Any]) -> Path:
+    """Run every cell of an experiment grid and write its results under ``out_root``."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     out = out_root / spec["name"]
@@ -453,6 +454,7 @@ def _draw(out: Path, cells: dict[str, list[dict[str, Any]]], spec: dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="fedgraph-experiments")
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run a YAML grid (resumable)")

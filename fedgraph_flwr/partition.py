@@ -1,6 +1,6 @@
-"""Build (or reuse) a partition cache and print its per-client table.
+r"""Build (or reuse) a partition cache and print its per-client table.
 
-    python -m fedgraph_flwr.partition --dataset Cora --num-clients 10 --partition metis \\
+    python -m fedgraph_flwr.partition --dataset Cora --num-clients 10 --partition metis \
         [--data-root D] [--split-seed 1234] [--partition-seed 1234] [--split-draw 0]
         [--metis-library pymetis|system] [--export DIR --format npz]
 
@@ -62,6 +62,7 @@ def _diagnostics_lines(manifest: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
     from .data.partition import MODES
 
     p = argparse.ArgumentParser(prog="fedgraph-partition", description=__doc__.split("\n\n")[0])
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
     from .config import ClientSettings
     from .data.datasets import DatasetNotAvailable

@@ -254,6 +254,7 @@ def exit_code(status: tuple[str, str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())

@@ -190,6 +190,7 @@ def format_scores(out: Mapping[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m fedgraph_flwr.similarity",
                                 description="Score a run's client similarities against the "
                                             "data's ground truth (Spearman).")

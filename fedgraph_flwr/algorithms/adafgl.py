@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -291,6 +291,7 @@ def smoothed_features(x: torch.Tensor, adjacency: torch.Tensor, steps: int) -> t
 
 
 def nan_metrics(keys) -> dict[str, float]:
+    """NaN for each of ``keys``: a metric not measured this round."""
     return {k: float("nan") for k in keys}
 
 
@@ -321,6 +322,7 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The step-1 knowledge extractor: ChebNet (code) or the project's GCN."""
         opts = config.options_of(AdaFGLOptions)
         hidden, dropout = config.hidden, config.dropout
         if opts.extractor == "gcn":
@@ -330,6 +332,7 @@ class AdaFGLTrainer(SupervisedTrainer):
                        dropout=dropout)
 
     def forward(self) -> torch.Tensor:
+        """The extractor's logits [n, C] on the normalised adjacency."""
         if self.options.extractor == "gcn":
             return self.model(self.data.x, self.data.edge_index)
         return self.model(self.data.x, self.adjacency)
@@ -337,20 +340,25 @@ class AdaFGLTrainer(SupervisedTrainer):
     # --- what travels: the extractor, in the extract phase only ---------------------
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        """Nothing: every client builds the same initial extractor from the seed."""
         # The train phase never carries a model (step 2 uploads nothing); round 1's extract
         # request is empty too: every client builds the same initial extractor from the seed.
         return {}
 
     def upload(self) -> Arrays:
+        """Nothing in the train phase: the extractor travels in the step-1 phases."""
         return {}
 
     def load_payload(self, arrays: Arrays) -> None:
+        """Nothing to apply: the extractor arrives in the step-1 phases."""
         return None  # the train phase's payload is always empty
 
     def model_arrays(self) -> Arrays:
+        """The extractor's parameters (what the base trainer would upload)."""
         return SupervisedTrainer.upload(self)
 
     def load_model(self, arrays: Arrays) -> None:
+        """Load the extractor's parameters (as the base trainer's load_payload)."""
         SupervisedTrainer.load_payload(self, arrays)
 
     @torch.no_grad()
@@ -363,6 +371,7 @@ class AdaFGLTrainer(SupervisedTrainer):
                 GLOBAL_TEST: score(logits, data.y, data.test_mask, self.metric)}
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
+        """Step 1 (federated extractor training) and the delivery of the chosen extractor."""
         if phase != EXTRACT:
             return super().run_phase(phase, arrays)
         opts = self.options
@@ -392,6 +401,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         """(homophilous module trained, heterophilous module trained)."""
         if self.options.combine == "soft":
             return True, True
+        assert self.step2 is not None  # step 2 prepared (prepare_step2 or load_local_state)
         homo = float(self.step2["hcs"]) >= self.options.threshold
         return homo, not homo
 
@@ -414,6 +424,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         self.held_probs, self.held_val = None, -math.inf
 
     def build_step2_modules(self) -> None:
+        """The step-2 homophilous/heterophilous modules that :meth:`uses` picks, and their Adam."""
         opts = self.options
         d = self.data.num_features
         smooth = (opts.prop_steps + 1) * d
@@ -432,6 +443,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         """X_s on the rewired graph [n, (K+1)·d], recomputed from the support when needed."""
         if self._smooth is None:
             opts, s = self.options, self.step2
+            assert s is not None  # step 2 prepared (prepare_step2 or load_local_state)
             linked = s["prior"] > 0
             adjacency = rewired_adjacency(self.data.edge_index, self.data.num_nodes,
                                           s["row"][linked], s["col"][linked], opts.alpha, opts.r)
@@ -439,14 +451,18 @@ class AdaFGLTrainer(SupervisedTrainer):
         return self._smooth
 
     def step2_outputs(self) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        """Logits of the homophilous module and the heterophilous module's three heads (None if unused)."""
         s = self.step2
+        assert s is not None  # step 2 prepared (prepare_step2 or load_local_state)
         homo = self.homo(self.smooth) if self.homo is not None else None
         hete = (self.hete(self.data.x, self.smooth, s["row"], s["col"], s["prior"])
                 if self.hete is not None else None)
         return homo, hete
 
     def step2_epoch(self) -> float:
+        """One step-2 training epoch; returns its loss."""
         data, s = self.data, self.step2
+        assert s is not None and self.step2_optimizer is not None  # step 2 prepared
         train, y = data.train_mask, data.y
         for m in (self.homo, self.hete):
             if m is not None:
@@ -466,14 +482,17 @@ class AdaFGLTrainer(SupervisedTrainer):
     @torch.no_grad()
     def step2_probs(self) -> torch.Tensor:
         """The step-2 prediction [n, C] (eval mode)."""
+        assert self.step2 is not None  # step 2 prepared (prepare_step2 or load_local_state)
         for m in (self.homo, self.hete):
             if m is not None:
                 m.eval()
         homo, hete = self.step2_outputs()
         homo_p = (None if homo is None else
                   0.5 * (F.softmax(homo, dim=1) + F.softmax(self.step2["probs"], dim=1)))
-        hete_p = None if hete is None else sum(F.softmax(z, dim=1) for z in hete) / 3.0
+        hete_p = (None if hete is None else  # hete is non-empty: a tensor, not sum()'s 0
+                  cast(torch.Tensor, sum(F.softmax(z, dim=1) for z in hete)) / 3.0)
         if homo_p is None:
+            assert hete_p is not None  # uses() trains at least one module
             return hete_p
         if hete_p is None:
             return homo_p
@@ -481,6 +500,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         return hcs * homo_p + (1.0 - hcs) * hete_p
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Step 1: the extractor's loss; step 2: the round's epochs, keeping the best-val prediction."""
         if not self.delivered:
             loss = self.step1_loss
             if not math.isfinite(loss):  # never trained in step 1: the held model's CE
@@ -509,6 +529,7 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Step 2's held prediction scored (NaN during step 1), plus the extractor's scores and the HCS."""
         extractor = self.model_scores()
         if not self.delivered or self.held_probs is None:
             # Step 1: the protocols score step 2 only (the code reports step 2).
@@ -518,6 +539,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         else:
             logits = torch.log(self.held_probs.clamp_min(PROB_FLOOR))
             metrics = evaluation_metrics(logits, self.data, self.metric)
+            assert self.step2 is not None  # delivered and held_probs: step 2 ran
             hcs = float(self.step2["hcs"])
             use_homo, use_hete = self.uses()
             homo = 1.0 if use_homo and not use_hete else 0.0 if use_hete and not use_homo else 0.5
@@ -527,9 +549,11 @@ class AdaFGLTrainer(SupervisedTrainer):
 
     # --- local state -------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:
+        """What persists between rounds on this client, beyond the base trainer's."""
         state = {**super().local_state(), "step1_loss": self.step1_loss,
                  "delivered": self.delivered}
         if self.step2 is not None:
+            assert self.step2_optimizer is not None  # built with step2 (build_step2_modules)
             state["step2"] = {
                 "tensors": dict(self.step2),
                 "homo": None if self.homo is None else self.homo.state_dict(),
@@ -541,6 +565,7 @@ class AdaFGLTrainer(SupervisedTrainer):
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         self.step1_loss = float(state.get("step1_loss", float("nan")))
         self.delivered = bool(state.get("delivered", False))
@@ -554,6 +579,7 @@ class AdaFGLTrainer(SupervisedTrainer):
             self.homo.load_state_dict(step2["homo"])
         if self.hete is not None:
             self.hete.load_state_dict(step2["hete"])
+        assert self.step2_optimizer is not None  # just built
         self.step2_optimizer.load_state_dict(step2["optimizer"])
         self.epochs_done = int(step2["epochs_done"])
         self.step2_loss = float(step2["loss"])
@@ -583,6 +609,7 @@ class AdaFGLAggregator(Aggregator):
         return self.global_arrays
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
+        """Each client's extractor for the phase (nothing for clients already delivered)."""
         if phase != EXTRACT:
             return super().configure(phase, server_round, clients)
         opts = self.options
@@ -594,6 +621,7 @@ class AdaFGLAggregator(Aggregator):
 
     def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]
              ) -> AggregateResult | None:
+        """FedAvg of the extractors in step 1; keeps the best by node-weighted validation."""
         if phase != EXTRACT:
             return None
         opts = self.options
@@ -621,15 +649,18 @@ class AdaFGLAggregator(Aggregator):
         return AggregateResult(payloads={}, metrics=metrics)
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Nothing to combine: step 2 is local."""
         # The train phase carries nothing either way: step 1 travels in the extract phase.
         return AggregateResult(payloads={c: {} for c in updates})
 
     def state_dict(self) -> dict[str, Any]:
+        """Server-side state beyond the payloads, for checkpoint/resume."""
         return {"global": self.global_arrays, "best": self.best_arrays,
                 "best_score": self.best_score, "best_round": self.best_round,
                 "delivered": sorted(self.delivered)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.global_arrays = dict(state["global"])
         self.best_arrays = dict(state["best"])
         self.best_score = float(state["best_score"])

@@ -74,6 +74,7 @@ class APFLTrainer(GCNTrainer):
         return functional_call(self.model, params, (self.data.x, self.data.edge_index))
 
     def train(self, epochs: int) -> dict[str, float]:
+        """APFL's step: the global model w, then the personal model v on α v + (1 - α) w, then α."""
         data, mask = self.data, self.data.train_mask
         adaptive, alpha_lr = self.options.adaptive, self.options.alpha_lr
         self.model.train()
@@ -100,6 +101,7 @@ class APFLTrainer(GCNTrainer):
                 "apfl_alpha": float(self.alpha)}
 
     def local_state(self) -> dict[str, Any]:
+        """The base state plus the personal model and α."""
         state = super().local_state()
         state.update({"local_model": self.local_model.state_dict(),
                       "local_optimizer": self.local_optimizer.state_dict(),
@@ -107,6 +109,7 @@ class APFLTrainer(GCNTrainer):
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         self.local_model.load_state_dict(state["local_model"])
         self.local_optimizer.load_state_dict(state["local_optimizer"])

@@ -79,6 +79,7 @@ class FedAuxOptions(Options, prefix="fedaux"):
                          choices=SERVER_MODES)
 
     def check(self) -> None:
+        """Reject option values that are invalid together."""
         if self.hard_kernel % 2 == 0:
             raise self.invalid("hard_kernel", "must be odd")
 
@@ -92,12 +93,14 @@ class FedAuxTrainer(SupervisedTrainer):
 
     options_class = FedAuxOptions
     options: FedAuxOptions
+    model: FedAuxNet
     # FED-PUB masks: personal, never uploaded, never overwritten by the server.
     local_keys = ("mask",)
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> FedAuxNet:
+        """FedAux's client model: backbone, APV and classifier (FedAuxNet)."""
         opts = config.options_of(FedAuxOptions)
         return FedAuxNet(
             num_features, config.hidden, num_classes,
@@ -116,10 +119,12 @@ class FedAuxTrainer(SupervisedTrainer):
         )
 
     def signature(self) -> Arrays:
+        """The APV, which the server compares clients by."""
         return {APV_KEY: self.model.apv.detach().cpu().numpy().astype(np.float32)}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Scores of the current model plus the APV's alignment with Cov(h)'s top eigenvector."""
         self.model.eval()
         h = self.model.embed(self.data.x, self.message_graph())  # one pass for both uses
         metrics = self.metrics_from_logits(self.model.head(h))
@@ -133,9 +138,9 @@ def apv_alignment(h: torch.Tensor, apv: torch.Tensor) -> float:
     h [N, d'], apv [d']. Only the top eigenpair is computed (LAPACK ``syevr`` with an
     index subset): a full ``eigh`` of the d'×d' covariance took ~20% of a Cora round.
     """
-    h = h.detach().double().cpu().numpy()
-    centred = h - h.mean(axis=0, keepdims=True)
-    cov = centred.T @ centred / max(h.shape[0], 1)  # [d', d']
+    hn = h.detach().double().cpu().numpy()
+    centred = hn - hn.mean(axis=0, keepdims=True)
+    cov = centred.T @ centred / max(hn.shape[0], 1)  # [d', d']
     d = cov.shape[0]
     top = eigh(cov, subset_by_index=[d - 1, d - 1], driver="evr")[1][:, 0]
     a = apv.detach().double().cpu().numpy()
@@ -156,6 +161,7 @@ class FedAuxAggregator(Aggregator):
     options: FedAuxOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Personalized models mixed by the softmax of APV similarities (Eqs. 7-8)."""
         ids = sorted(updates)
         apvs = np.stack([self._apv_of(updates[c]) for c in ids])
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -37,10 +37,11 @@ class GCNTrainer(SupervisedTrainer):
     where Local and FedAvg run on each of FedSpray's personalized backbones.
     """
 
-    options_class = FedAvgOptions
+    options_class: ClassVar[type[Options]] = FedAvgOptions  # subclasses bring their own
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The ``gnn`` backbone (gcn, sgc or sage) as a PersonalGNN."""
         backbone = config.gnn
         if backbone == "gcn":
             return GCN(num_features, config.hidden, num_classes,
@@ -66,9 +67,10 @@ def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
 class FedAvgAggregator(Aggregator):
     """θ = Σ_k w_k θ_k with w_k ∝ training nodes (``fedavg-weighting=train``) or 1/K."""
 
-    options_class = FedAvgOptions
+    options_class: ClassVar[type[Options]] = FedAvgOptions  # subclasses bring their own
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """One weighted average of the updates, sent to every client."""
         global_arrays = weighted_average(updates, self.weighting(), self.mix_dtype)
         return AggregateResult(payloads={c: global_arrays for c in updates})
 

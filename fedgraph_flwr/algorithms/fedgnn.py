@@ -159,6 +159,7 @@ def hash_ids(ids: np.ndarray, salt: str) -> np.ndarray:
 
 # --- the server's matching -------------------------------------------------------------------
 def empty_expansion(hidden: int) -> Arrays:
+    """The EXPAND payload with no foreign neighbours (``hidden``-wide embeddings)."""
     return {"virtual_embedding": np.zeros((0, hidden), np.float32),
             "virtual_source": np.zeros(0, np.int64), "virtual_target": np.zeros(0, np.int64)}
 
@@ -259,6 +260,7 @@ class FedGNNTrainer(SupervisedTrainer):
 
     options_class = FedGNNOptions
     options: FedGNNOptions
+    model: FedGNNNet
     phases = (EMBED, EXPAND, TRAIN_PHASE)
     per_node_arrays = PER_NODE
     restore_without_init = True  # local_state holds the whole model; no other randomness
@@ -272,6 +274,7 @@ class FedGNNTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """FED-PUB's GCN that also reads the virtual (foreign) neighbours."""
         return FedGNNNet(num_features, config.hidden, num_classes,
                          dropout=config.dropout)
 
@@ -286,10 +289,12 @@ class FedGNNTrainer(SupervisedTrainer):
         return self._node_hash
 
     def forward(self) -> torch.Tensor:
+        """Logits [n, C] on the subgraph expanded by the virtual neighbours."""
         return self.model(self.data.x, self.data.edge_index, self.virtual, self.virtual_edges)
 
     # --- the expansion's two legs ------------------------------------------------------------
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
+        """EMBED: send hashed ids and layer-1 embeddings; EXPAND: take the foreign neighbours."""
         if phase == EMBED:
             return self.embed_reply(arrays)
         if phase == EXPAND:
@@ -357,6 +362,7 @@ class FedGNNTrainer(SupervisedTrainer):
         return torch.distributions.Laplace(zero, zero + scale).sample(like.shape)
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Local training for ``epochs`` epochs; ``train_loss`` and this method's extras."""
         self.model.train()
         data = self.data
         mode, scale = self.options.ldp, self.ldp_scale()
@@ -383,10 +389,12 @@ class FedGNNTrainer(SupervisedTrainer):
                 "virtual_edges": float(self.virtual_edges.size(1))}
 
     def local_state(self) -> dict[str, Any]:
+        """The base state plus the virtual neighbours and their edges."""
         return {**super().local_state(), "virtual": self.virtual,
                 "virtual_edges": self.virtual_edges}
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         if "virtual" in state:
             self.virtual = state["virtual"].to(self.device)
@@ -407,6 +415,7 @@ class FedGNNAggregator(Aggregator):
         self.expansions: dict[int, Arrays] = {}
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
+        """EMBED: the global model; EXPAND: each client's matched foreign neighbours."""
         if phase == EMBED:
             send = self.options.expand and self.options.embed_model == "global"
             return {c: self.global_arrays if send else {} for c in clients}
@@ -417,6 +426,7 @@ class FedGNNAggregator(Aggregator):
 
     def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]
              ) -> AggregateResult | None:
+        """Match hashed ids across clients and keep each client's foreign neighbours for EXPAND."""
         if phase == EXPAND:
             self.expansions = {}  # delivered: the table lives one round only
             return None
@@ -434,12 +444,15 @@ class FedGNNAggregator(Aggregator):
         return AggregateResult(payloads={}, metrics={**stats, "rejected_uploads": float(rejected)})
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """FedAvg of the updates, sent to every client."""
         self.global_arrays = weighted_average(updates, self.options.weighting, self.mix_dtype)
         clients = sorted(set(self.client_ids) | set(updates))
         return AggregateResult(payloads={c: self.global_arrays for c in clients})
 
     def state_dict(self) -> dict[str, Any]:
+        """Server-side state beyond the payloads, for checkpoint/resume."""
         return {"global": self.global_arrays}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.global_arrays = dict(state["global"])

@@ -125,6 +125,7 @@ class FedGTAOptions(Options, prefix="fedgta"):
                            "code: the received model)", choices=EVALUATE_POINTS)
 
     def check(self) -> None:
+        """Reject the code's LP train boost with ``fedgta-lp=openfgl``."""
         if self.lp == "openfgl" and self.lp_train_boost:
             raise self.invalid("lp_train_boost", "the code's boost has no place in fedgta-lp=openfgl")
 
@@ -249,6 +250,7 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The ``backbone``: GAMLP over precomputed hops, or the project's GCN."""
         opts = config.options_of(FedGTAOptions)
         hidden, dropout = config.hidden, config.dropout
         if opts.backbone == "gcn":
@@ -258,11 +260,13 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
                      num_layers=opts.mlp_layers, dropout=dropout, gate_layout=opts.gate_layout)
 
     def forward(self) -> torch.Tensor:
+        """Logits [n, C] of the backbone."""
         if self.hops is None:
             return self.model(self.data.x, self.data.edge_index)
         return self.model(self.hops)
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Local training for ``epochs`` epochs; ``train_loss`` and this method's extras."""
         self.score_received_model()
         if self.hops is None:
             return super().train(epochs)
@@ -293,6 +297,7 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
                 smoothing_confidence(sharp, self.degree).reshape(1))
 
     def signature(self) -> Arrays:
+        """Label-propagation moments and the mean confidence, which the server compares clients by."""
         signature, confidence = self.topology_summary()
         return {MOMENTS_KEY: signature.cpu().numpy().astype(np.float32),
                 CONFIDENCE_KEY: confidence.cpu().numpy().astype(np.float32)}
@@ -305,6 +310,7 @@ class FedGTAAggregator(Aggregator):
     options: FedGTAOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Each client's average over the clients whose moments are similar enough (cos > τ)."""
         ids = sorted(updates)
         signatures = np.stack([np.asarray(updates[c].signature[MOMENTS_KEY], np.float64)
                                .reshape(-1) for c in ids])

@@ -109,6 +109,7 @@ class FedIIHTrainer(SupervisedTrainer):
 
     options_class = FedIIHOptions
     options: FedIIHOptions
+    model: DisenGCN
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer
@@ -143,6 +144,7 @@ class FedIIHTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> DisenGCN:
+        """The DisenGCN encoder and classifier."""
         opts = config.options_of(FedIIHOptions)
         trunk_layers, _ = routing_layer_split(opts.routing_layers)
         return DisenGCN(
@@ -167,12 +169,14 @@ class FedIIHTrainer(SupervisedTrainer):
 
     # --- ClientTrainer --------------------------------------------------------------
     def load_payload(self, arrays: Arrays) -> None:
+        """The shared model and, if sent, the server's prior α̃."""
         super().load_payload(arrays)
         if PRIOR_KEY in arrays:
             self.alpha_global = torch.as_tensor(
                 np.asarray(arrays[PRIOR_KEY]), dtype=torch.float32, device=self.device).clone()
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Cross-entropy on the classifier and the HVGAE ELBO on α̂ (and in paper mode the encoder)."""
         self.model.train()
         self.branches.train()
         data = self.data
@@ -206,6 +210,7 @@ class FedIIHTrainer(SupervisedTrainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Scores of the current model (BCE when the classifier has one output)."""
         self.model.eval()
         data = self.data
         logits = self.model(data.x, data.edge_index)
@@ -228,6 +233,7 @@ class FedIIHTrainer(SupervisedTrainer):
                 "logvar": self.posterior_logvar.cpu().numpy().astype(np.float32)}
 
     def local_state(self) -> dict[str, Any]:
+        """The base state plus α̂, α̃ and the ELBO's optimizers."""
         state = super().local_state()
         state.update({
             "alpha_local": self.alpha_local.detach().clone(),
@@ -239,6 +245,7 @@ class FedIIHTrainer(SupervisedTrainer):
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         with torch.no_grad():
             self.alpha_local.copy_(state["alpha_local"])
@@ -356,6 +363,7 @@ class FedIIHAggregator(Aggregator):
     options: FedIIHOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Per-factor personalized mixing by the similarity of the clients' latent (μ, log σ²)."""
         ids = sorted(updates)
         mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
         logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)

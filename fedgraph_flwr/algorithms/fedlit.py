@@ -263,6 +263,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
 
     options_class = FedLitOptions
     options: FedLitOptions
+    model: MultiChannelGCN
     restore_without_init = True  # local_state holds the whole model; no other randomness
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
@@ -274,6 +275,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The multi-channel GCN, one channel per latent link type."""
         opts = config.options_of(FedLitOptions)
         return MultiChannelGCN(num_features, config.hidden, num_classes,
                                num_link_types=opts.link_types,
@@ -297,12 +299,14 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
         return types
 
     def forward(self) -> torch.Tensor:
+        """Logits [n, C] with each edge routed to its current link type."""
         data = self.data
         h = self.model.project(data.x)
         types = self.edge_types(h, update=False)
         return self.model.classify(self.model.propagate(h, data.edge_index, types))
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Full-batch steps, each with the EM edge clustering first."""
         self.score_received_model()
         self.model.train()
         data = self.data
@@ -328,6 +332,7 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
                                              dtype=torch.float32, device=self.device).clone()
 
     def signature(self) -> Arrays:
+        """The link-type centroids and the training count of each type."""
         if self.centroids is None:  # never trained: k-means of the current model, not kept
             h = self.model.project(self.data.x)
             centroids, _ = kmeans_init(edge_embeddings(h.detach(), self.pairs),
@@ -338,12 +343,14 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
                 CLUSTER_TRAIN_KEY: self.cluster_train.cpu().numpy().astype(np.float32)}
 
     def local_state(self) -> dict[str, Any]:
+        """The base state plus the link types' training counts and centroids."""
         state = {**super().local_state(), "cluster_train": self.cluster_train}
         if self.centroids is not None:
             state["centroids"] = self.centroids
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         self.cluster_train = state["cluster_train"].to(self.device)
         if "centroids" in state:
@@ -364,6 +371,7 @@ class FedLitAggregator(Aggregator):
         self.maps: dict[int, np.ndarray] = {}  # client -> [K] global type of local type k
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Match each client's link types to the global centres, average channels by type."""
         opts = self.options
         num_types = opts.link_types
         ids = sorted(updates)
@@ -432,6 +440,7 @@ class FedLitAggregator(Aggregator):
         return payload
 
     def state_dict(self) -> dict[str, Any]:
+        """Server-side state beyond the payloads, for checkpoint/resume."""
         ids = list(self.maps)
         num_types = self.options.link_types
         return {"global": dict(self.global_arrays), "centres": self.centres,
@@ -440,6 +449,7 @@ class FedLitAggregator(Aggregator):
                          else np.zeros((0, num_types), dtype=np.int64))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.global_arrays = {k: np.asarray(v) for k, v in state["global"].items()}
         centres = state["centres"]
         self.centres = None if centres is None else np.asarray(centres, dtype=np.float64)

@@ -44,10 +44,12 @@ class FedPerTrainer(GCNTrainer):
         self.local_keys = (head_prefix(config),)
 
     def is_local(self, name: str) -> bool:
+        """Whether ``name`` belongs to the personal head."""
         return name.startswith(self.local_keys[0])
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        """The shared body of the initial model (the head stays local)."""
         head = head_prefix(config)
         full = super().initial_arrays(num_features, num_classes, config)
         return {k: v for k, v in full.items() if not k.startswith(head)}

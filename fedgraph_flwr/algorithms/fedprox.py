@@ -37,6 +37,7 @@ class FedProxTrainer(GCNTrainer):
     anchor: dict[str, torch.Tensor] | None = None
 
     def load_payload(self, arrays: Arrays) -> None:
+        """The server's arrays, also kept as the proximal anchor θ_received."""
         super().load_payload(arrays)
         # The anchor is exactly what was applied: the shared parameters of this round's payload.
         state = self.model.state_dict()
@@ -46,6 +47,7 @@ class FedProxTrainer(GCNTrainer):
         }
 
     def extra_loss(self) -> torch.Tensor | float:
+        """(μ/2)·||θ - θ_received||²."""
         mu = self.options.mu
         if mu == 0.0 or not self.anchor:
             return 0.0  # identical to FedAvg, bit for bit

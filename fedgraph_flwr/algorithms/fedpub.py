@@ -35,8 +35,9 @@ the same weight and a zero bias (on Cora-10 the two are within noise, docs/resul
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -103,13 +104,15 @@ class MaskedGCN(nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
-        for conv in self.convs:
+        """Re-initialise every parameter as at construction."""
+        for conv in cast(Iterable[MaskedGCNConv], self.convs):  # ModuleList yields nn.Module
             conv.reset_parameters()
         self.classifier.reset_parameters()
         if self.classifier_init == "xavier":
             fedpub_xavier_(self.classifier)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, embed: bool = False) -> torch.Tensor:
+        """Logits [n, C], or with ``embed`` the last convolution's output [n, hidden]."""
         for i, conv in enumerate(self.convs):
             x = conv(x, edge_index)
             if embed and i == len(self.convs) - 1:
@@ -120,6 +123,7 @@ class MaskedGCN(nn.Module):
 
 def build_masked_gcn(num_features: int, num_classes: int, config: ClientConfig,
                      cached: bool = True) -> MaskedGCN:
+    """FED-PUB's MaskedGCN with the run's width, depth, dropout and classifier init."""
     return MaskedGCN(num_features, config.hidden, num_classes,
                      num_layers=config.num_layers, dropout=config.dropout,
                      cached=cached, classifier_init=config.options_of(FedPubOptions).classifier_init)
@@ -134,9 +138,11 @@ class FedPubTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> MaskedGCN:
+        """FED-PUB's MaskedGCN."""
         return build_masked_gcn(num_features, num_classes, config)
 
     def load_payload(self, arrays: Arrays) -> None:
+        """The server's weights (masks stay local), also kept for the proximal term."""
         # Everything but the masks is applied (FED-PUB: skip_mask=True); the proximal anchor
         # is the received non-mask parameters.
         state = self.model.state_dict()
@@ -147,6 +153,7 @@ class FedPubTrainer(SupervisedTrainer):
                 self.received[name] = state[name].detach().clone()
 
     def extra_loss(self) -> torch.Tensor | float:
+        """L1 on the masks plus the proximal ||θ - θ_received||_2 term."""
         l1, loc_l2, with_grad = self.options.l1, self.options.loc_l2, self.options.reg_grad
         # FED-PUB skips the proximal term in the first round (curr_rnd == 0).
         first_round = self.config.server_round == 1  # (0: no round given, as in unit tests)
@@ -160,6 +167,7 @@ class FedPubTrainer(SupervisedTrainer):
         return loss
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Local training (:meth:`extra_loss` included); also reports the masks' sparsity."""
         out = super().train(epochs)
         out["mask_sparsity"] = self.mask_sparsity()
         return out
@@ -216,6 +224,7 @@ class FedPubAggregator(Aggregator):
         return h.mean(dim=0).double().numpy()
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Personalized models mixed by the softmax of functional-embedding similarities."""
         ids = sorted(updates)
         tau = self.options.tau
         emb = np.stack([self.functional_embedding(updates[c].arrays) for c in ids])

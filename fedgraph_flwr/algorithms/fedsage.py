@@ -164,6 +164,7 @@ class FedSageOptions(Options, prefix="fedsage"):
     batch_size: int = option(32, "training nodes per classifier step (0: full batch)", low=0)
 
     def check(self) -> None:
+        """Reject classifier layer sizes that are not positive integers."""
         try:
             sizes = self.layer_sizes
         except ValueError:
@@ -173,6 +174,7 @@ class FedSageOptions(Options, prefix="fedsage"):
 
     @property
     def layer_sizes(self) -> tuple[int, ...]:
+        """The classifier's hidden layer sizes, parsed from ``classifier_layers``."""
         return tuple(int(s) for s in self.classifier_layers.split(",") if s.strip())
 
 
@@ -378,6 +380,7 @@ class FedSageTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The GraphSAGE classifier trained on the mended graph."""
         opts = config.options_of(FedSageOptions)
         return SageClassifier(num_features, opts.layer_sizes, num_classes,
                               dropout=config.dropout)
@@ -385,13 +388,16 @@ class FedSageTrainer(SupervisedTrainer):
     # --- stage bookkeeping ------------------------------------------------------------------
     @property
     def server_round(self) -> int:
+        """This round's number."""
         return self.config.server_round
 
     def generator_round(self) -> bool:
+        """Whether this round belongs to the federated NeighGen stage."""
         return 1 <= self.server_round <= self.options.gen_rounds
 
     @property
     def impaired(self) -> ImpairedGraph:
+        """The impaired graph NeighGen learns to mend (hidden validation nodes removed)."""
         if self._impaired is None:
             assert self.hidden is not None
             self._impaired = impair(self.data, self.hidden, self.options.num_pred)
@@ -486,6 +492,7 @@ class FedSageTrainer(SupervisedTrainer):
 
     # --- phases -----------------------------------------------------------------------------
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
+        """NeighGen pre-training and the federated generator phases (send, gradients, step)."""
         if phase == PRETRAIN:
             return PhaseReply(metrics=self._ensure_generator())
         if not self.generator_round():
@@ -508,11 +515,12 @@ class FedSageTrainer(SupervisedTrainer):
         slots = out.slots[rows]
         used = torch.arange(self.options.num_pred, device=self.device).view(1, -1) < slots.view(-1, 1)
         vectors = out.generated[rows] * used.unsqueeze(-1)
-        arrays = {VECTORS: vectors.cpu().numpy().astype(np.float32),
+        arrays: Arrays = {VECTORS: vectors.cpu().numpy().astype(np.float32),
                   SLOTS: slots.cpu().numpy().astype(np.int64)}
         if self.options.cross_targets == "random":
             missing = self.impaired.missing[out.rows[rows]].clamp(max=self.options.num_pred)
             arrays[TRUE_COUNTS] = missing.cpu().numpy().astype(np.int64)
+        assert self.neighgen is not None  # run_phase's _ensure_generator built it
         self.neighgen.requires_grad_(True)
         return PhaseReply(arrays=arrays, metrics={
             "degree_loss": float(out.degree_loss), "feat_loss": float(out.feat_loss),
@@ -542,6 +550,7 @@ class FedSageTrainer(SupervisedTrainer):
         gradients of the other clients' feature losses."""
         opts = self.options
         trained = self._fed_mode()
+        optimizer: torch.optim.Optimizer | None
         if opts.fed_train == "fgen":
             if self.fed_optimizer is None:
                 self.fed_optimizer = self._adam(trained)
@@ -607,6 +616,7 @@ class FedSageTrainer(SupervisedTrainer):
         return self.model(graph.x, graph.edge_index)[: self.data.num_nodes]
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Generator rounds: NeighGen's loss only; then the classifier on the mended graph."""
         if self.generator_round():
             return {"train_loss": self.gen_loss if math.isfinite(self.gen_loss) else 0.0,
                     "generated_nodes": float("nan")}
@@ -631,6 +641,7 @@ class FedSageTrainer(SupervisedTrainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Scores of the classifier on the mended graph."""
         self.model.eval()
         metrics = evaluation_metrics(self.forward(), self.data, self.metric)
         if self.generator_round():  # no classifier yet: never a best-validation round
@@ -639,11 +650,13 @@ class FedSageTrainer(SupervisedTrainer):
 
     # --- state ----------------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:
+        """The base state plus NeighGen, its optimizers and the mended graph."""
         state = {**super().local_state(), "hidden": self.hidden, "gen_seed": self.gen_seed,
                  "gen_loss": self.gen_loss, "neighgen": None, "gen_optimizer": None,
                  "fed_optimizer": None, "mended": None}
         if self.neighgen is not None:
             state["neighgen"] = self.neighgen.state_dict()
+            assert self.gen_optimizer is not None  # built with neighgen (_ensure_generator)
             state["gen_optimizer"] = self.gen_optimizer.state_dict()
             if self.fed_optimizer is not None:
                 state["fed_optimizer"] = self.fed_optimizer.state_dict()
@@ -654,6 +667,7 @@ class FedSageTrainer(SupervisedTrainer):
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         self.hidden = state.get("hidden")
         self._impaired = None
@@ -688,6 +702,7 @@ class FedSageAggregator(Aggregator):
         self.contributors: dict[int, int] = {}
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
+        """Each generator phase's request: the vectors or gradients to relay."""
         if phase == GEN_GRAD:
             return {j: self._foreign_vectors(j) for j in clients}
         if phase == GEN_STEP:
@@ -721,6 +736,7 @@ class FedSageAggregator(Aggregator):
 
     def step(self, phase: Phase, server_round: int, updates: dict[int, ClientUpdate]
              ) -> AggregateResult | None:
+        """Relay the generator phases' vectors and gradients between clients."""
         if phase == GEN_SEND:
             self.outbox = {c: u.arrays for c, u in updates.items() if u.arrays}
             return self._phase_metrics(updates, ("degree_loss", "feat_loss", "class_loss",
@@ -753,6 +769,7 @@ class FedSageAggregator(Aggregator):
         return AggregateResult(payloads={}, metrics=metrics)
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """Uniform FedAvg of the updates, sent to every client."""
         ids = sorted(updates)
         global_arrays = average(np.full(len(ids), 1.0 / len(ids)),
                                 [updates[c].arrays for c in ids], self.mix_dtype)

@@ -134,6 +134,7 @@ def gnn_seed(config: ClientConfig, opts: FedSprayOptions) -> int:
 
 
 def build_gnn(num_features: int, num_classes: int, config: ClientConfig) -> PersonalGNN:
+    """FedSpray's personalized GNN of the ``fedspray-gnn`` backbone."""
     opts = config.options_of(FedSprayOptions)
     return PersonalGNN(
         num_features, config.hidden, num_classes,
@@ -204,6 +205,7 @@ class FedSprayTrainer(ClientTrainer):
     # --- ClientTrainer: what travels ----------------------------------------------------
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        """The initial shared encoder g_e, g_p, g_q (the GNN stays local)."""
         encoder = build_encoder(num_features, num_classes, config)
         return {ENCODER_PREFIX + k: v.detach().cpu().numpy() for k, v in encoder.state_dict().items()}
 
@@ -217,6 +219,7 @@ class FedSprayTrainer(ClientTrainer):
                 self.global_proxies = torch.as_tensor(value, dtype=torch.float32).to(self.device).clone()
 
     def upload(self) -> Arrays:
+        """The encoder's parameters (the GNN and the node proxies stay local)."""
         return {ENCODER_PREFIX + k: v.detach().cpu().numpy() for k, v in self.encoder.state_dict().items()}
 
     def class_proxies(self) -> torch.Tensor:
@@ -228,6 +231,7 @@ class FedSprayTrainer(ClientTrainer):
         return self.class_counts.float() / max(int(self.train_index.numel()), 1)
 
     def signature(self) -> Arrays:
+        """Class proxies and class ratios, which the server aligns and averages."""
         return {
             "class_proxies": self.class_proxies().cpu().numpy().astype(np.float32),
             "class_ratios": self.class_ratios().cpu().numpy().astype(np.float32),
@@ -299,6 +303,7 @@ class FedSprayTrainer(ClientTrainer):
         return {"encoder_ce": ce_value, "encoder_kd": kd_value}
 
     def train(self, epochs: int) -> dict[str, float]:
+        """The GNN with KD from the encoder (Eq. 7), then the encoder and proxies (Eq. 11)."""
         teacher_log_p, kd_mask = self.build_teacher()
         metrics = self.train_gnn(epochs, teacher_log_p, kd_mask)
         metrics.update(self.train_encoder(epochs))
@@ -332,6 +337,7 @@ class FedSprayTrainer(ClientTrainer):
 
     # --- local state ------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:
+        """The GNN, the labelled proxies and the optimizers."""
         return {
             "gnn": self.gnn.state_dict(),
             "labelled_proxies": self.labelled_proxies.detach().clone(),
@@ -341,6 +347,7 @@ class FedSprayTrainer(ClientTrainer):
         }
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         self.gnn.load_state_dict(state["gnn"])
         with torch.no_grad():
             self.labelled_proxies.copy_(state["labelled_proxies"])
@@ -380,6 +387,7 @@ class FedSprayAggregator(Aggregator):
                         else initial_global_proxies(num_classes, proxy_dim).numpy())
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """FedAvg of the encoders plus the class proxies aligned across clients, sent to every client."""
         ids = sorted(updates)
         encoder = weighted_average(updates, "train", self.mix_dtype)
         ratios = np.stack([updates[c].signature["class_ratios"] for c in ids])
@@ -395,8 +403,10 @@ class FedSprayAggregator(Aggregator):
         )
 
     def state_dict(self) -> dict[str, Any]:
+        """Server-side state beyond the payloads, for checkpoint/resume."""
         return {"proxies": self.proxies}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         if "proxies" in state:
             self.proxies = np.asarray(state["proxies"], dtype=np.float32)

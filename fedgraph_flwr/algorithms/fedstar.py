@@ -100,6 +100,7 @@ class FedStarTrainer(SupervisedTrainer):
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """FedStar's two-branch network: features and structure encodings."""
         opts = config.options_of(FedStarOptions)
         return FedStarNet(num_features, config.hidden, num_classes,
                           structure_channels=encoding_width(opts.rw_steps, opts.degree_slots,
@@ -117,22 +118,27 @@ class FedStarTrainer(SupervisedTrainer):
         return self._structure
 
     def forward(self) -> torch.Tensor:
+        """Logits [n, C] from the features and the structure encoding."""
         return self.model(self.data.x, self.structure, self.data.edge_index)
 
     def is_local(self, name: str) -> bool:
+        """Everything but the structure branch stays local."""
         return not is_structure(name)
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        """The initial structure branch (the only shared part)."""
         torch.manual_seed(config.seed)
         model = cls.build_model(num_features, num_classes, config)
         return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
                 if is_structure(k)}
 
     def local_state(self) -> dict[str, Any]:
+        """The base state plus the structure encoding."""
         return {**super().local_state(), "structure": self.structure}
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         if "structure" in state:
             self._structure = state["structure"].to(self.device)
@@ -145,6 +151,7 @@ class FedStarAggregator(Aggregator):
     options: FedStarOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """FedAvg of the structure branches, sent to every client."""
         shared = weighted_average(updates, "train", self.mix_dtype)
         # One global structure branch: every client (also one that sat this round out) gets it.
         clients = sorted(set(self.client_ids) | set(updates))

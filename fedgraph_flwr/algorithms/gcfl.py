@@ -72,6 +72,7 @@ class GCFLTrainer(GCNTrainer):
     last_grad_norm: float = 0.0
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Local training; records the gradient norms GCFL+ compares."""
         out = super().train(epochs)
         # After the last step .grad still holds that step's gradient (zeroed only at the next step).
         grads = [p.grad.flatten() for p in self.model.parameters() if p.grad is not None]
@@ -80,6 +81,7 @@ class GCFLTrainer(GCNTrainer):
         return out
 
     def signature(self) -> Arrays:
+        """The last local step's gradient norm."""
         return {GRAD_NORM: np.array([self.last_grad_norm], dtype=np.float32)}
 
 
@@ -128,6 +130,7 @@ def min_cut_bipartition(similarity: np.ndarray, members: list[int]) -> tuple[lis
 
 
 def flatten(arrays: Arrays, names: list[str]) -> np.ndarray:
+    """The ``names`` arrays as one float64 vector."""
     return np.concatenate([np.asarray(arrays[n], dtype=np.float64).ravel() for n in names])
 
 
@@ -146,6 +149,7 @@ class GCFLAggregator(Aggregator):
         self.seqs: dict[int, list[float]] = {c: [] for c in self.client_ids}
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """FedAvg within each cluster; a cluster splits when its updates diverge."""
         eps1, eps2 = self.options.eps1, self.options.eps2
         seq_len = self.options.seq_length
         warmup = self.options.warmup_rounds
@@ -219,6 +223,7 @@ class GCFLAggregator(Aggregator):
 
     # --- checkpoint / resume --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Server-side state beyond the payloads, for checkpoint/resume."""
         return {
             "clusters": [np.asarray(m, dtype=np.int64) for m in self.clusters],
             "sent": {str(c): dict(a) for c, a in self.sent.items()},
@@ -226,6 +231,7 @@ class GCFLAggregator(Aggregator):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.clusters = [[int(c) for c in np.asarray(m).ravel()] for m in state["clusters"]]
         self.sent = {int(c): {n: np.asarray(v) for n, v in a.items()} for c, a in state["sent"].items()}
         self.seqs = {int(c): [float(x) for x in np.asarray(s).ravel()] for c, s in state["seqs"].items()}

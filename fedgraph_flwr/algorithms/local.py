@@ -21,12 +21,15 @@ class LocalTrainer(GCNTrainer):
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config) -> Arrays:
+        """Nothing: Local shares no model."""
         return {}
 
     def upload(self) -> Arrays:
+        """Nothing: Local shares no model."""
         return {}
 
     def load_payload(self, arrays: Arrays) -> None:
+        """Nothing to apply: Local receives nothing."""
         # Round 1 carries the common initial model, which the trainer already built.
         return None
 
@@ -37,4 +40,5 @@ class LocalAggregator(Aggregator):
     options_class = LocalOptions
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """An empty payload for every client."""
         return AggregateResult(payloads={c: {} for c in updates})

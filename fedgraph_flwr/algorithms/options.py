@@ -80,6 +80,7 @@ class OptionSpec:
         return "any value"
 
     def admits(self, value: Any) -> bool:
+        """Whether ``value`` is within this option's choices and bounds."""
         if self.choices is not None:
             return value in self.choices
         # Written as "not within" so that NaN is refused too.

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
 @functools.lru_cache(maxsize=16)
-def _cached_meta_model(cls: type, num_features: int, num_classes: int,
+def _cached_meta_model(cls: type[SupervisedTrainer], num_features: int, num_classes: int,
                        config: ClientConfig) -> nn.Module:
     """``cls.build_model`` on the meta device (shapes only, no storage), built once per
     process and shape: a ClientApp restores its trainer every round, and building the
@@ -148,7 +148,8 @@ class SupervisedTrainer(ClientTrainer):
         training mode (its state then overwrites every parameter and buffer)."""
         if self._spare_key is None:
             return
-        model, self.model, key, self._spare_key = self.model, None, self._spare_key, None
+        model, key, self._spare_key = self.model, self._spare_key, None
+        del self.model  # the spare pool holds it now; this trainer is done
         model.train()
         for param in model.parameters():
             param.grad = None
@@ -161,9 +162,11 @@ class SupervisedTrainer(ClientTrainer):
     # --- what subclasses specialise -------------------------------------------------
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
+        """The model this trainer trains; each algorithm defines it."""
         raise NotImplementedError
 
     def build_optimizer(self) -> torch.optim.Optimizer:
+        """Adam over the model's parameters with the run's lr and weight decay."""
         return torch.optim.Adam(
             self.model.parameters(), lr=self.config.lr,
             weight_decay=self.config.weight_decay,
@@ -192,11 +195,13 @@ class SupervisedTrainer(ClientTrainer):
         return 0.0
 
     def is_local(self, name: str) -> bool:
+        """Whether ``name`` contains one of ``local_keys`` (never uploaded or overwritten)."""
         return any(fragment in name for fragment in self.local_keys)
 
     # --- ClientTrainer ----------------------------------------------------------------
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
+        """The shared parameters of a freshly seeded model."""
         torch.manual_seed(config.seed)
         model = cls.build_model(num_features, num_classes, config)
         return {
@@ -206,12 +211,14 @@ class SupervisedTrainer(ClientTrainer):
         }
 
     def load_payload(self, arrays: Arrays) -> None:
+        """Apply the server's arrays for this client (local-only keys are skipped)."""
         state = self.model.state_dict()
         for name, value in arrays.items():
             if name in state and not self.is_local(name):
                 state[name].copy_(torch.as_tensor(value))
 
     def train(self, epochs: int) -> dict[str, float]:
+        """Full-batch Adam on cross-entropy (+ :meth:`extra_loss`) over the training nodes."""
         self.model.train()
         data = self.data
         loss_value = float("nan")
@@ -227,13 +234,16 @@ class SupervisedTrainer(ClientTrainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Scores of :meth:`forward`'s logits."""
         self.model.eval()
         return self.metrics_from_logits(self.forward())
 
     def metrics_from_logits(self, logits: torch.Tensor) -> dict[str, float]:
+        """Validation and test scores of ``logits``."""
         return evaluation_metrics(logits, self.data, self.metric)
 
     def upload(self) -> Arrays:
+        """The model's parameters less the local-only ones."""
         return {
             k: v.detach().cpu().numpy()
             for k, v in self.model.state_dict().items()
@@ -241,9 +251,11 @@ class SupervisedTrainer(ClientTrainer):
         }
 
     def local_state(self) -> dict[str, Any]:
+        """The model's and the optimizer's state."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_local_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`local_state` returned in the previous round."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
@@ -253,15 +265,23 @@ class SupervisedTrainer(ClientTrainer):
 EVALUATE_POINTS = ("after-train", "before-train")
 
 
-class EvaluatesReceivedModel:
+if TYPE_CHECKING:
+    _MixinBase = SupervisedTrainer  # the class it is mixed into: its options, its evaluate
+else:
+    _MixinBase = object
+
+
+class EvaluatesReceivedModel(_MixinBase):
     """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose
     options have ``evaluate`` in :data:`EVALUATE_POINTS`: with ``before-train`` the round's
     metrics describe the model ``train`` received, scored by :meth:`score_received_model`
     at the start of ``train``."""
 
+    options: Any  # the algorithm's options: they have ``evaluate``
     received_metrics: dict[str, float] | None = None
 
     def score_received_model(self) -> None:
+        """With ``evaluate=before-train``, score the received model now."""
         if self.options.evaluate == "before-train":
             self.received_metrics = super().evaluate()
 

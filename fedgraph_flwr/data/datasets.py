@@ -112,6 +112,7 @@ def canonical_name(name: str) -> str:
 
 
 def get_spec(name: str) -> DatasetSpec:
+    """The DatasetSpec of dataset ``name`` (its name or an alias, any case)."""
     return DATASETS[canonical_name(name)]
 
 

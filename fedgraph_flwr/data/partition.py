@@ -367,6 +367,7 @@ def partitions_root(config: ClientSettings) -> Path:
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest.json of a partition folder."""
     return json.loads((Path(folder) / "manifest.json").read_text())
 
 

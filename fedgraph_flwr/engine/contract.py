@@ -29,6 +29,7 @@ TRAIN_POSITION = 1_000  # the train phase sorts after every other phase of its r
 
 
 def state_position_tag(position: tuple[int, int]) -> str:
+    """The ``"<round>:<place>"`` tag of a client state's place in the run."""
     return f"{position[0]}:{position[1]}"
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms.base import Phase
@@ -207,13 +207,13 @@ class FlowerTransport(Transport):
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():  # named by the node asked, even when the SuperLink answered
-                failed.setdefault(reply.error.reason, []).append(self._replying_node(reply))
+                failed.setdefault(str(reply.error.reason), []).append(self._replying_node(reply))
                 codes.add(int(reply.error.code))
                 continue
-            info = dict(reply.content["info"])
+            info = dict(cast(ConfigRecord, reply.content["info"]))
             # Ray's resources are a diagnostic of this transport, not a fact of the client.
             resources.append({k: info.pop(k) for k in list(info) if k.startswith("ray-")})
-            cid = int(info["partition-id"])
+            cid = int(cast(int, info["partition-id"]))
             if cid in roster:
                 failed.setdefault(f"partition-id {cid} is already taken by another node",
                                   []).append(node)
@@ -260,7 +260,7 @@ class FlowerTransport(Transport):
             node = self._rejoining.pop(reply.metadata.reply_to_message_id, None)
             if reply.has_error() or node is None:
                 continue  # asked again at the next refresh if it is still online
-            cid = int(reply.content["info"]["partition-id"])
+            cid = int(cast(int, reply.content["info"]["partition-id"]))
             old = self.node_of.get(cid)
             if old is not None:
                 self.client_of.pop(old, None)
@@ -273,6 +273,7 @@ class FlowerTransport(Transport):
     # --- one phase --------------------------------------------------------------------
     def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
                  ) -> Exchange:
+        """Send each request as a Flower message and collect the replies until ``timeout``."""
         records: dict[int, ConfigRecord] = {}  # one record per config object: most share one
 
         def record_of(request: ClientRequest) -> ConfigRecord:
@@ -300,8 +301,8 @@ class FlowerTransport(Transport):
                 else:
                     out.failures[cid] = reason
                 continue
-            metrics, signature = from_metric_record(reply.content["metrics"])
-            upload = from_array_record(reply.content["arrays"])
+            metrics, signature = from_metric_record(cast(MetricRecord, reply.content["metrics"]))
+            upload = from_array_record(cast(ArrayRecord, reply.content["arrays"]))
             reported = int(metrics.get("partition-id", -1))
             if cid is None or reported != cid:
                 self.log(f"round {server_round}: reply from node {node} claims client "
@@ -342,7 +343,7 @@ class FlowerTransport(Transport):
         self._sent_to = self._push(messages, deadline)  # message id -> the node it went to
         pending = set(self._sent_to)
         first_poll = min(FIRST_POLL_FRACTION * self._fastest_reply, FIRST_POLL_MAX, timeout)
-        self._reply_wait: dict[int, float] = {}  # node id -> seconds until its reply came
+        self._reply_wait = {}  # node id -> seconds until its reply came
         replies = self._pull(pending, deadline, first_poll, t0)
         pending -= {msg.metadata.reply_to_message_id for msg in replies}
         unsent = len(messages) - len(self._sent_to)

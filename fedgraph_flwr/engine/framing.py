@@ -36,7 +36,7 @@ def write(magic: bytes, header: bytes, buffers: Sequence[memoryview | bytes]) ->
     written every round.
     """
     head = len(magic) + _LEN.size + len(header)
-    parts = [magic, _LEN.pack(len(header)), header, bytes(aligned(head) - head)]
+    parts: list[bytes | memoryview] = [magic, _LEN.pack(len(header)), header, bytes(aligned(head) - head)]
     for buf in buffers:
         parts.append(buf)
         if pad := aligned(len(buf)) - len(buf):

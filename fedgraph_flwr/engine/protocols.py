@@ -90,6 +90,7 @@ def pooled_at_best_val_loss(rounds: list[RoundLog], client_ids: list[int]) -> di
     loss, rnd, t = best
     majority_count = t["test_count"] - t["minority_count"]
     held = held_by_round[rnd]
+    assert held is not None  # best is a round in which every client held metrics
     minority = [m["minority_metric"] for m in held.values()
                 if not math.isnan(m.get("minority_metric", float("nan")))]
     return {

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
@@ -107,6 +107,7 @@ def array_to_bytes(array: Array) -> memoryview:
 
 
 def to_config_record(config: dict[str, Any]) -> ConfigRecord:
+    """The scalar and string entries of ``config`` as a ConfigRecord."""
     return ConfigRecord({k: v for k, v in config.items() if isinstance(v, (bool, int, float, str))})
 
 
@@ -120,17 +121,20 @@ def to_metric_record(metrics: dict[str, float], signature: Arrays) -> MetricReco
 
 
 def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
+    """Metrics and signature arrays from a reply's MetricRecord (inverse of to_metric_record)."""
     metrics: dict[str, float] = {}
     signature: Arrays = {}
     for key, value in record.items():
         if key.startswith(SIG):
             name = key[len(SIG):]
-            shape = tuple(int(s) for s in record.get(SIGSHAPE + name, [len(value)]))
-            signature[name] = np.asarray(value, dtype=np.float32).reshape(shape)
+            values = cast(list[float], value)  # to_metric_record writes signatures as lists
+            shape = tuple(int(s) for s in cast(list[int], record.get(SIGSHAPE + name, [len(values)])))
+            signature[name] = np.asarray(values, dtype=np.float32).reshape(shape)
         elif not key.startswith(SIGSHAPE):
-            metrics[key] = float(value)
+            metrics[key] = float(cast(float, value))  # and metrics as scalars
     return metrics, signature
 
 
 def signature_floats(signature: Arrays) -> int:
+    """Number of floats in ``signature``."""
     return int(sum(a.size for a in signature.values()))

@@ -102,6 +102,7 @@ def decode(blob: bytes | bytearray | memoryview, device: torch.device | str = "c
             if obj.nbytes == 0:
                 t = torch.empty(obj.shape, dtype=dtype)
             else:
+                assert raw is not None  # a tensor with bytes implies a non-empty data section
                 t = raw[obj.offset:obj.offset + obj.nbytes].view(dtype).view(obj.shape)
             t = t.to(device)
             return t.requires_grad_(True) if obj.requires_grad else t

@@ -36,6 +36,7 @@ class HeteroPropagation(nn.Module):
                                              num_layers, dropout, beta)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.local.reset_parameters()
         self.smooth.reset_parameters()
         self.prelu.reset_parameters()
@@ -44,6 +45,7 @@ class HeteroPropagation(nn.Module):
     def forward(self, x: torch.Tensor, x_smooth: torch.Tensor, row: torch.Tensor,
                 col: torch.Tensor, prior: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three heads' logits: local, smoothed and signed-propagation."""
         z_smooth = self.smooth(x_smooth, self.prelu)
         z_local = self.local(x, self.prelu)
         z_prop = self.propagation(x_smooth, row, col, prior)

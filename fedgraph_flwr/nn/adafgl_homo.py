@@ -28,8 +28,10 @@ class HomoPropagation(nn.Module):
         self.prelu = nn.PReLU()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.mlp.reset_parameters()
         self.prelu.reset_parameters()
 
     def forward(self, x_smooth: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the MLP on the smoothed features."""
         return self.mlp(x_smooth, self.prelu)

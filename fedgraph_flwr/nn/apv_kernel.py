@@ -594,9 +594,11 @@ class HardSortConv1d(nn.Module):
         self.conv = nn.Conv1d(channels, channels, kernel_size, padding=kernel_size // 2)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.conv.reset_parameters()
 
     def forward(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """FedAux_hard: Conv1D over the nodes sorted by score ``s``, in the original order."""
         order = torch.argsort(s.detach(), stable=True)
         sequence = (h * s[:, None])[order]  # [N, d'] in score order
         out = self.conv(sequence.t().unsqueeze(0)).squeeze(0).t()

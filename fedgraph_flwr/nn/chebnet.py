@@ -57,10 +57,12 @@ class ChebNet(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(k * a, b) for a, b in zip(dims[:-1], dims[1:]))
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for layer in self.layers:
             layer.reset_parameters()
 
     def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the Chebyshev layers on ``adjacency``."""
         h = x
         for layer in self.layers[:-1]:
             h = F.relu(layer(chebyshev_terms(h, adjacency, self.k)))  # [n, hidden]

@@ -53,10 +53,12 @@ class CSRGCNConv(GCNConv):
     _cached_transpose: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def reset_parameters(self) -> None:  # GCNConv's __init__ calls it
+        """GCNConv's initialisation; drops the cached transpose."""
         super().reset_parameters()
         self._cached_transpose = None
 
     def message_and_aggregate(self, adj_t, x: torch.Tensor) -> torch.Tensor:
+        """Â·x with the cached CSR transpose for the backward pass."""
         if (not isinstance(adj_t, torch.Tensor) or adj_t.layout != torch.sparse_csr
                 or adj_t.requires_grad):
             return super().message_and_aggregate(adj_t, x)

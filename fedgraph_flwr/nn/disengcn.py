@@ -101,6 +101,7 @@ class NeighbourhoodRouting(nn.Module):
         """Nothing to reset: routing has no parameters."""
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Factor representations [n, K·d] after the routing iterations."""
         n, width = x.shape
         k = self.num_factors
         if width % k:
@@ -123,6 +124,7 @@ class NeighbourhoodRouting(nn.Module):
         return c.view(n, width)
 
     def extra_repr(self) -> str:
+        """The hyper-parameters shown in the module's repr."""
         return (f"factors={self.num_factors}, iterations={self.iterations}, tau={self.tau}, "
                 f"kernel={self.kernel}")
 
@@ -164,6 +166,7 @@ class DisenGCN(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         # Released code: W, b ~ U(-1/sqrt(K d_k), 1/sqrt(K d_k)) for the projection;
         # nn.Linear's default for the classifier.
         bound = 1.0 / math.sqrt(self.pca.out_features)
@@ -180,4 +183,5 @@ class DisenGCN(nn.Module):
         return h
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the classifier on :meth:`embed`."""
         return self.clf(self.embed(x, edge_index))

@@ -49,6 +49,7 @@ class FactorGraph:
 
     @property
     def num_edges(self) -> int:
+        """Number of edges."""
         return int(self.count.numel())
 
     def csr(self, flat_values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
@@ -124,12 +125,14 @@ class EdgeDots(Function):
 
     @staticmethod
     def forward(ctx, c: torch.Tensor, z: torch.Tensor, graph: FactorGraph) -> torch.Tensor:  # type: ignore[override]
+        """Per-edge dot products of ``c`` and ``z``."""
         ctx.save_for_backward(c, z)
         ctx.graph = graph
         return graph.dots(c, z)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        """Gradients w.r.t. ``c`` and ``z``."""
         c, z = ctx.saved_tensors
         graph: FactorGraph = ctx.graph
         grad = grad.contiguous()
@@ -143,12 +146,14 @@ class EdgeAggregate(Function):
 
     @staticmethod
     def forward(ctx, weights: torch.Tensor, z: torch.Tensor, graph: FactorGraph) -> torch.Tensor:  # type: ignore[override]
+        """Per-node sums of the edges' ``weights``-scaled ``z``."""
         ctx.save_for_backward(weights, z)
         ctx.graph = graph
         return graph.aggregate(weights, z)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        """Gradients w.r.t. ``weights`` and ``z``."""
         weights, z = ctx.saved_tensors
         graph: FactorGraph = ctx.graph
         grad = grad.contiguous()

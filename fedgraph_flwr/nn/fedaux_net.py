@@ -129,9 +129,11 @@ class FedAuxNet(nn.Module):
                 fedpub_xavier_(layer)
 
     def convs(self) -> list[nn.Module]:
+        """The convolution layers in order."""
         return [getattr(self, f"conv{i}") for i in range(1, self.num_layers + 1)]
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for conv in self.convs():
             conv.reset_parameters()
         self.reset_apv()
@@ -168,4 +170,5 @@ class FedAuxNet(nn.Module):
         return self.classifier(torch.cat([h, z], dim=1))
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the head on :meth:`embed`."""
         return self.head(self.embed(x, edge_index))

@@ -48,6 +48,7 @@ class FedGNNNet(nn.Module):
         self.clsif = nn.Linear(hidden_channels, out_channels)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for module in (self.conv1, self.conv2, self.clsif):
             module.reset_parameters()
 

@@ -132,6 +132,7 @@ class FedStarNet(nn.Module):
         self.readout = nn.Linear(h, out_channels)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for module in (self.pre, self.structure_embed, *self.convs, *self.structure_convs,
                        self.combine, self.post, self.readout):
             module.reset_parameters()

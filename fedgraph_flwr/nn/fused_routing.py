@@ -63,6 +63,7 @@ class RoutingGraph:
 
     @property
     def num_edges(self) -> int:
+        """Number of edges."""
         return int(self.src.shape[0])
 
 
@@ -267,6 +268,7 @@ class FusedRouting(Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, graph: RoutingGraph, num_factors: int,  # type: ignore[override]
                 iterations: int, tau: float) -> torch.Tensor:
+        """The fused CPU routing kernel's output [n, K·d]."""
         out, ctx.saved = _route(x, graph, num_factors, iterations, tau, keep=True)
         ctx.graph = graph
         # A view of the last saved state; torch refuses in-place changes to a custom
@@ -275,6 +277,7 @@ class FusedRouting(Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        """Gradient w.r.t. ``x``."""
         graph: RoutingGraph = ctx.graph
         x_norms, states, norms, weights, count, tau = ctx.saved
         z = states[0]

@@ -112,6 +112,7 @@ class GAMLP(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.gate.reset_parameters()
         gain = nn.init.calculate_gain("relu")
         for layer in self.mlp:
@@ -138,6 +139,7 @@ class GAMLP(nn.Module):
         return F.softmax(torch.sigmoid(scores), dim=1)
 
     def forward(self, hops: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n, C] from the hop features (``index``: only those rows)."""
         if index is not None:
             hops = hops[:, index]
         attention = self.hop_attention(hops)  # [m, K+1]

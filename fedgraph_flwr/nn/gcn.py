@@ -11,6 +11,7 @@ from torch_geometric.nn import GCNConv
 
 
 def cached_gcn_conv(in_channels: int, out_channels: int) -> GCNConv:
+    """A GCNConv that caches its normalised adjacency."""
     # cached=True: a trainer only ever sees its own fixed subgraph.
     return GCNConv(in_channels, out_channels, cached=True)
 
@@ -41,10 +42,12 @@ class GCN(nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for conv in self.convs:
             conv.reset_parameters()
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the convolutions."""
         for conv in self.convs[:-1]:
             x = F.relu(conv(x, edge_index))
             x = F.dropout(x, p=self.dropout, training=self.training)

@@ -63,6 +63,7 @@ class VariationalRoutingBranches(nn.Module):
         return h.view(h.size(0), self.num_factors, -1)
 
     def forward(self, h: torch.Tensor, edge_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(μ, log σ²) of the latent factors."""
         return self._branch(self.mu_layers, h, edge_index), self._branch(self.logvar_layers, h, edge_index)
 
 

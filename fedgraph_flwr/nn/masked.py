@@ -52,6 +52,7 @@ class MaskedLinear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         if self.weight_init == "glorot":
             glorot(self.weight)
         else:
@@ -72,9 +73,11 @@ class MaskedLinear(nn.Module):
         return self.weight * mask
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ + b with W masked."""
         return F.linear(x, self.effective_weight(), self.bias)
 
     def extra_repr(self) -> str:
+        """The hyper-parameters shown in the module's repr."""
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"
 
 

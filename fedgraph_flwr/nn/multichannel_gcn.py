@@ -71,11 +71,13 @@ class LinkTypeChannel(nn.Module):
         self.convs = nn.ModuleList(convs)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.lin.reset_parameters()
         for conv in self.convs:
             conv.reset_parameters()
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """This channel's representation of the nodes over its edges."""
         x = self.lin(x)
         for conv in self.convs:
             x = conv(x, edge_index)
@@ -110,6 +112,7 @@ class MultiChannelGCN(nn.Module):
         self.classifier = nn.Linear(hidden_channels, out_channels)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.feature1.reset_parameters()
         for channel in self.channels:
             channel.reset_parameters()
@@ -145,4 +148,5 @@ class MultiChannelGCN(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
                 edge_type: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] with each edge routed to the channel of its type."""
         return self.classify(self.propagate(self.project(x), edge_index, edge_type))

@@ -49,11 +49,13 @@ class RowNormGCNLayer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         bound = 1.0 / math.sqrt(self.weight.size(1))
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """D⁻¹A·x W + b."""
         adjacency = normalized_adjacency(edge_index, x.size(0), r=0.0)  # D̃⁻¹ Ã, CSR [n, n]
         return torch.sparse.mm(adjacency, x @ self.weight) + self.bias
 
@@ -73,10 +75,12 @@ class TwoLayerGNN(nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.conv1.reset_parameters()
         self.conv2.reset_parameters()
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Two layers (ReLU between, and after with ``final_relu``)."""
         h = F.dropout(F.relu(self.conv1(x, edge_index)), self.dropout, training=self.training)
         out = self.conv2(h, edge_index)
         return F.relu(out) if self.final_relu else out
@@ -96,10 +100,12 @@ class FeatureGenerator(nn.Module):
         self.fc_flat = nn.Linear(width, num_pred * num_features)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for fc in (self.fc1, self.fc2, self.fc_flat):
             fc.reset_parameters()
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Generated neighbour features [n, num_pred, F] from latents ``z``."""
         h = z + torch.randn_like(z)  # the codes' Sampling: noise in training and evaluation
         h = F.relu(self.fc2(F.relu(self.fc1(h))))
         h = F.dropout(h, self.dropout, training=self.training)
@@ -126,6 +132,7 @@ class NeighGen(nn.Module):
         self.classifier = TwoLayerGNN(num_features, hidden, num_classes, conv, dropout)
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for module in (self.encoder, self.dgen, self.fgen, self.classifier):
             module.reset_parameters()
 

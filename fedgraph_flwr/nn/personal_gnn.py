@@ -59,6 +59,7 @@ class PersonalGNN(GCN):
                 param.uniform_()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         super().reset_parameters()
         if self.uniform_init:
             self._uniform_()

@@ -30,12 +30,14 @@ class PReLUMLP(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         gain = nn.init.calculate_gain("relu")
         for layer in self.layers:
             nn.init.xavier_uniform_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor, prelu: nn.PReLU) -> torch.Tensor:
+        """The MLP's output, ``prelu`` between layers."""
         for layer in self.layers[:-1]:
             x = F.dropout(prelu(layer(x)), p=self.dropout, training=self.training)  # [n, h]
         return self.layers[-1](x)

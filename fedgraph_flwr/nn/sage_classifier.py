@@ -37,11 +37,13 @@ class SageClassifier(nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         for conv in self.convs:
             conv.reset_parameters()
         self.head.reset_parameters()
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] of the GraphSAGE layers and head."""
         h = x
         for conv in self.convs[:-1]:
             h = F.dropout(F.relu(conv(h, edge_index)), self.dropout, training=self.training)

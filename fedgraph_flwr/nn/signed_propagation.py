@@ -79,11 +79,13 @@ class SignedPropagation(nn.Module):
         self.prelu = nn.PReLU()
 
     def reset_parameters(self) -> None:
+        """Re-initialise every parameter as at construction."""
         self.mlp.reset_parameters()
         self.prelu.reset_parameters()
 
     def forward(self, x_smooth: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
                 prior: torch.Tensor) -> torch.Tensor:
+        """Logits [n, C] propagated with signed edge relations."""
         e = self.mlp(x_smooth, self.prelu)  # [n, C]
         relation = signed_relation(e, row, col, prior, self.beta)  # [m]
         return signed_propagate(e, row, col, relation, self.prelu)

@@ -101,6 +101,7 @@ def speed_up_reply_pulls() -> bool:
 
     # The grid calls pull_objects() without backoff arguments: its defaults apply.
     defaults = inflatable_utils.pull_objects.__kwdefaults__
+    assert defaults is not None  # keyword-only parameters with defaults (flower_is_tested)
     defaults["initial_backoff"], defaults["backoff_cap"] = REPLY_PULL_BACKOFF
     return True
 
@@ -121,7 +122,7 @@ def bound_reply_pulls(seconds: float) -> bool:
             from flwr.supercore.inflatable import inflatable_utils
 
             _pull_defaults = inflatable_utils.pull_objects.__kwdefaults__
-    if _pull_defaults is False:
+    if not isinstance(_pull_defaults, dict):  # False: not usable
         return False
     _pull_defaults["max_time"] = max(0.1, float(seconds))
     return True

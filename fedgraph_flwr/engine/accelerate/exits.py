@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 #: Seconds Flower's exit handlers may take before the process ends anyway.
 EXIT_GRACE_S = 2.0
@@ -50,7 +51,7 @@ def exit_promptly(module_name: str, program: str, before: Callable[[], None] | N
     restarted, instead of counting it online for 60 s of missed heartbeats."""
     from flwr.supercore.exit import exit_handler
 
-    module = importlib.import_module(module_name)
+    module: Any = importlib.import_module(module_name)  # Any: we set a function Flower defines
     register = module.register_signal_handlers
 
     def handler(signum, frame) -> None:

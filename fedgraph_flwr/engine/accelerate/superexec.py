@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from logging import ERROR, INFO
 from pathlib import Path
+from typing import Any
 
 from flwr.supercore import log
 from flwr.supercore.constant import TaskType
@@ -67,6 +68,7 @@ class ForkingClientAppExecutor(SubprocessExecutor):
         self.children: set[int] = set()
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        """Fork a child that runs the ClientApp of ``spec``."""
         if spec.task_type != TaskType.CLIENT_APP:
             return super().launch(spec)
         parent = os.getpid()
@@ -80,6 +82,7 @@ class ForkingClientAppExecutor(SubprocessExecutor):
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
+        """Reap the children that have exited."""
         for pid in list(self.children):
             try:
                 done, status = os.waitpid(pid, os.WNOHANG)
@@ -209,6 +212,7 @@ def _poll_local_objects_faster() -> None:
     from flwr.supercore.inflatable import inflatable_utils
 
     defaults = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__
+    assert defaults is not None  # keyword-only parameters with defaults
     defaults["initial_backoff"], defaults["backoff_cap"] = CHILD_PULL_BACKOFF
 
 
@@ -274,7 +278,7 @@ def _time_to_report_the_end() -> None:
     ``client-state="file"`` for large states there). This child has nothing else to do
     after its reply, so it waits up to ``CHILD_EXIT_TIMEOUT_S``; its heartbeat keeps
     the task alive meanwhile."""
-    exit_module = importlib.import_module("flwr.supercore.exit.exit")
+    exit_module: Any = importlib.import_module("flwr.supercore.exit.exit")  # Any: we set its constant
     exit_module.FORCE_EXIT_TIMEOUT_SECONDS = CHILD_EXIT_TIMEOUT_S
 
 
@@ -367,7 +371,7 @@ def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
 
     # The modules, not the same-named functions their packages re-export.
     cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
-    loop = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    loop: Any = importlib.import_module("flwr.supercore.superexec.run_superexec")  # Any: we set a function
     executor = ForkingClientAppExecutor()
     loop.get_executor = lambda *a, **k: executor  # the one seam SuperExec offers
     # On SIGTERM/SIGINT: stop the ClientApps, exit within seconds (exits.py).

@@ -28,6 +28,7 @@ import importlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 #: Longest wait between checks of the SuperNode's own state for a ClientApp's reply.
 LOCAL_WAIT = 0.01
@@ -50,17 +51,19 @@ class CappedSleepTime:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
+        """Sleep, capped at ``cap`` for long waits and ``local_cap`` for short ones."""
         time.sleep(min(seconds, self.cap if seconds >= 1.0 else self.local_cap))
 
 
 def cap_supernode_polls(cap: float) -> None:
     """Install :class:`CappedSleepTime` into Flower's SuperNode loop module."""
-    loop = importlib.import_module(SUPERNODE_LOOP_MODULE)
+    loop: Any = importlib.import_module(SUPERNODE_LOOP_MODULE)  # Any: we replace its ``time``
     loop.time = CappedSleepTime(cap)
     from flwr.supercore.inflatable import inflatable_utils
 
     # The loop calls pull_objects() without backoff arguments: its defaults apply.
     defaults = inflatable_utils.pull_objects.__kwdefaults__
+    assert defaults is not None  # keyword-only parameters with defaults
     defaults["initial_backoff"], defaults["backoff_cap"] = cap, max(cap, 1.0)
 
 
