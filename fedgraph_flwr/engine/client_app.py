@@ -18,8 +18,9 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from typing import cast
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch_geometric.data import Data
 
@@ -73,9 +74,9 @@ class ContextStateStore(rt.SerialisedStateStore):
     def __init__(self, context: Context) -> None:
         self.context = context
 
-    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None:
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> rt.StateBlob | None:
         record = self.context.state.get(STATE_KEY)
-        return None if record is None else array_to_bytes(record["blob"])
+        return None if record is None else array_to_bytes(cast(Array, record["blob"]))
 
     def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None:
         global _warned_large_state
@@ -128,7 +129,7 @@ def train(message: Message, context: Context) -> Message:
         return _data_error_reply(message, exc)
     try:
         phase = _phase_of(message, config)
-        arrays = from_array_record(message.content["arrays"])
+        arrays = from_array_record(cast(ArrayRecord, message.content["arrays"]))
         out, metrics = rt.handle_phase(config, phase, arrays, data, config.num_classes_global,
                                        identity.partition_id, state_store(config, context),
                                        rt.pick_device())

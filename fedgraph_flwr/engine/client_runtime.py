@@ -33,6 +33,10 @@ from .contract import TRAIN_POSITION, data_root_reason, peak_rss_mib, state_posi
 _DATA_CACHE: dict[tuple, tuple[Data, int]] = {}
 
 
+#: A client's serialised state as it arrives: a file's bytearray, a record's memoryview.
+StateBlob = bytes | bytearray | memoryview
+
+
 class ClientDataError(RuntimeError):
     """The client cannot find or use its subgraph (a one-line reason)."""
 
@@ -243,6 +247,7 @@ def pick_device() -> torch.device:
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:
+    """A trainer's local state as bytes (the engine's codec, no pickle)."""
     return state_codec.encode(state)
 
 
@@ -303,6 +308,7 @@ def _state_files(config: ClientConfig, partition_id: int, any_token: bool = Fals
 
 def state_file(config: ClientConfig, partition_id: int, server_round: int,
                phase: Phase | None = None) -> Path:
+    """The file this client's state after ``phase`` of ``server_round`` is saved to."""
     token = config.client_state_token or "run"
     rnd, place = state_position(config, server_round, phase)
     suffix = "" if place == TRAIN_POSITION else f"p{place}"
@@ -364,7 +370,7 @@ class RoundOutput:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def restore_trainer(data: Data, num_classes: int, config: ClientConfig, state: bytes | None,
+def restore_trainer(data: Data, num_classes: int, config: ClientConfig, state: StateBlob | None,
                     device: torch.device, partition_id: int | None = None):
     """The client's trainer as it was after its last round (``state``), or fresh. Its
     config carries ``partition_id`` when given (a per-client initial draw needs it)."""
@@ -389,7 +395,7 @@ def phase_round(
     config: ClientConfig,
     phase: Phase,
     arrays: Arrays,
-    state: bytes | None,
+    state: StateBlob | None,
     server_round: int,
     partition_id: int,
     device: torch.device | None = None,
@@ -430,13 +436,16 @@ class SerialisedStateStore(StateStore):
     rebuilt from them every phase (:func:`phase_round`)."""
 
     @abstractmethod
-    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None: ...
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> StateBlob | None:
+        """The client's state from before ``phase``, or None before its first."""
 
     @abstractmethod
-    def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None: ...
+    def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None:
+        """Keep ``blob``, the client's state after ``phase``."""
 
     def run(self, data: Data, num_classes: int, config: ClientConfig, phase: Phase,
             arrays: Arrays, partition_id: int, device: torch.device) -> RoundOutput:
+        """Rebuild the trainer from its saved state, run ``phase``, save the state again."""
         state = self.load(config, partition_id, phase)
         out = phase_round(data, num_classes, config, phase, arrays, state, config.server_round,
                           partition_id, device)
@@ -447,10 +456,12 @@ class SerialisedStateStore(StateStore):
 class FileStateStore(SerialisedStateStore):
     """``client-state=file``: a per-client file on this machine (:func:`save_state_file`)."""
 
-    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> bytes | None:
+    def load(self, config: ClientConfig, partition_id: int, phase: Phase) -> StateBlob | None:
+        """The newest state file from before ``phase`` (refusing one older than the server knows of)."""
         return load_state_file(config, partition_id, config.server_round, phase)
 
     def save(self, config: ClientConfig, partition_id: int, blob: bytes, phase: Phase) -> None:
+        """Write the state file atomically, keeping the previous one."""
         save_state_file(config, partition_id, config.server_round, blob, phase)
 
 
@@ -466,6 +477,7 @@ class LiveTrainers(StateStore):
 
     def run(self, data: Data, num_classes: int, config: ClientConfig, phase: Phase,
             arrays: Arrays, partition_id: int, device: torch.device) -> RoundOutput:
+        """Run ``phase`` on the client's live trainer (built on its first phase)."""
         if partition_id not in self.trainers:
             self.trainers[partition_id] = restore_trainer(data, num_classes, config, None, device,
                                                           partition_id)

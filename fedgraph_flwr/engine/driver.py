@@ -31,6 +31,7 @@ MEMORY_GUARD = "MemoryGuardError"
 
 
 def out_of_memory(failures: dict[int, str]) -> bool:
+    """Whether a client's memory guard refused a phase (the run then stops)."""
     return any(MEMORY_GUARD in reason for reason in failures.values())
 
 
@@ -52,6 +53,7 @@ class RoundDriver:
         self.federation: Federation | None = None
 
     def run(self) -> Federation:
+        """Connect, run every round, write the results; return the federation."""
         self.log(f"fedgraph-flwr: algorithm={self.config.algorithm} "
                  f"dataset={self.config.dataset} clients={self.config.num_clients} "
                  f"rounds={self.config.rounds}")
@@ -176,6 +178,7 @@ class RoundDriver:
         self.abort(fed, server_round, failures)
 
     def abort(self, fed: Federation, server_round: int, failures: dict[int, str]) -> None:
+        """Write what the run has and stop it with a one-line reason (:class:`RunAborted`)."""
         guarded = {c: r for c, r in failures.items() if MEMORY_GUARD in r}
         cid, reason = sorted((guarded or failures).items())[0]
         if reason.startswith("missing"):

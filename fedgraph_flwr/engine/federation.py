@@ -59,13 +59,16 @@ class Federation:
 
     @property
     def rounds(self) -> list[RoundLog]:
+        """The rounds recorded so far."""
         return self.record.rounds
 
     @property
     def diagnostics(self) -> dict[str, list[np.ndarray]]:
+        """The K×K diagnostics per round (similarity, mixing weights), by name."""
         return self.record.diagnostics
 
     def phases_when(self, when: str) -> list[Phase]:
+        """The algorithm's phases that run ``when`` (every-round or before-first-round)."""
         return [p for p in self.phases if p.when == when]
 
     # --- what the server sends ----------------------------------------------------
@@ -77,6 +80,7 @@ class Federation:
             num_features_global=self.num_features, client_state_token=self.ledger.token)
 
     def sample(self, server_round: int) -> list[int]:
+        """The clients taking part in ``server_round``."""
         return self.roster.sample(server_round)
 
     def payload_for(self, client_id: int) -> Arrays:
@@ -103,6 +107,7 @@ class Federation:
 
     # --- what comes back ------------------------------------------------------------
     def min_replies(self) -> int:
+        """The fewest valid train replies that make a round count (``min-clients``, at least 1)."""
         return self.config.min_clients or 1
 
     def phase_step(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
@@ -178,18 +183,23 @@ class Federation:
 
     # --- the record ------------------------------------------------------------------
     def record_precompute(self, phase: str, costs: dict[str, Any]) -> None:
+        """Record what a before-first-round phase cost."""
         self.record.record_precompute(phase, costs)
 
     def final(self) -> dict[str, Any]:
+        """The run's headline figures under every evaluation protocol."""
         return self.record.final()
 
     def results(self) -> dict[str, Any]:
+        """What results.json holds."""
         return self.record.results()
 
     def write_results(self) -> Path:
+        """Write results.json and the files beside it; return their folder."""
         return self.record.write_results()
 
     def write_progress(self) -> Path:
+        """Rewrite progress.json; return its path."""
         return self.record.write_progress()
 
     # --- checkpoint / resume --------------------------------------------------------

@@ -40,10 +40,12 @@ class ClientStateLedger:
             self.saved_at.update({c: here for c in replied})
 
     def state_dict(self) -> dict[str, Any]:
+        """The ledger's part of a checkpoint."""
         return {"state_token": self.token,
                 "saved_state_at": {int(c): list(p) for c, p in self.saved_at.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.token = str(state.get("state_token", self.token))
         self.saved_at = {int(c): (int(p[0]), int(p[1]))
                          for c, p in state.get("saved_state_at", {}).items()}

@@ -35,6 +35,7 @@ class InProcessTransport(Transport):
         self.files = rt.FileStateStore()
 
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
+        """Load every client's data here; return each one's handshake facts."""
         k = config.num_clients
         client = config.client_config()
         roster = {}
@@ -46,6 +47,7 @@ class InProcessTransport(Transport):
 
     def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float
                  ) -> Exchange:
+        """Run ``phase`` on each requested client in turn, through the ClientApp's handler."""
         t0 = time.perf_counter()
         out = Exchange()
         for cid, request in requests.items():

@@ -22,6 +22,7 @@ VAL, TEST = "val_metric", "test_metric"
 
 
 def nbytes(arrays: Arrays) -> int:
+    """Total bytes of ``arrays``."""
     return int(sum(a.nbytes for a in arrays.values()))
 
 
@@ -43,10 +44,12 @@ class RoundLog:
     client_times: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def mean(self, key: str) -> float:
+        """Mean of metric ``key`` over the clients that reported it (NaN: none did)."""
         values = [m[key] for m in self.clients.values() if key in m and not math.isnan(m[key])]
         return float(np.mean(values)) if values else float("nan")
 
     def to_json(self) -> dict[str, Any]:
+        """This round as an entry of results.json."""
         return {
             "round": self.round,
             "sampled": self.sampled,
@@ -65,6 +68,7 @@ class RoundLog:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RoundLog:
+        """A round back from its results.json entry (resume)."""
         ints = lambda m: {int(k): v for k, v in m.items()}  # noqa: E731
         return cls(
             round=d["round"], sampled=list(d["sampled"]), clients=ints(d["clients"]),
@@ -108,7 +112,9 @@ class Recorder:
         draw_round_costs([r.to_json() for r in self.rounds], out / "costs.png")
         if self.diagnostics:
             stacked = {n: np.stack(v) for n, v in self.diagnostics.items()}
-            atomic_write(out / "diagnostics.npz", lambda fh: np.savez(fh, **stacked))
+            # numpy's stubs take **arrays for its allow_pickle keyword
+            atomic_write(out / "diagnostics.npz",
+                         lambda fh: np.savez(fh, **stacked))  # type: ignore[arg-type]
             from ..plots import draw_heatmaps
 
             draw_heatmaps(stacked, self.client_ids, out)
@@ -117,6 +123,7 @@ class Recorder:
         return out
 
     def write_history(self, path: Path) -> None:
+        """history.csv: one row per sampled client and round."""
         keys: list[str] = []
         for r in self.rounds:
             for m in r.clients.values():

@@ -80,7 +80,9 @@ class ReplyValidator:
         return updates
 
     def state_dict(self) -> dict[str, Any]:
+        """The validator's part of a checkpoint (the signatures' shapes)."""
         return {"signature_schema": {k: list(v) for k, v in self.signature_schema.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
         self.signature_schema = {k: tuple(v) for k, v in state["signature_schema"].items()}

@@ -44,10 +44,12 @@ class RunRecorder:
 
     @property
     def rounds(self) -> list[RoundLog]:
+        """The rounds recorded so far."""
         return self.recorder.rounds
 
     @property
     def diagnostics(self) -> dict[str, list[np.ndarray]]:
+        """The K×K diagnostics per round, by name."""
         return self.recorder.diagnostics
 
     def record_precompute(self, phase: str, costs: dict[str, Any]) -> None:
@@ -56,15 +58,19 @@ class RunRecorder:
 
     # --- summaries and files --------------------------------------------------------
     def held_means(self) -> dict[int, tuple[float, float]]:
+        """Per round, the mean val and test of every client's held model."""
         return protocols.held_means(self.rounds, self.client_ids)
 
     def final(self) -> dict[str, Any]:
+        """The run's headline figures under every evaluation protocol."""
         return protocols.final(self.rounds, self.client_ids, self.config.metric, self.num_classes)
 
     def wall_time(self) -> float:
+        """Seconds the run has taken, across resumes."""
         return self.elapsed_before_resume + (time.time() - self.started)
 
     def results(self) -> dict[str, Any]:
+        """What results.json holds."""
         held = self.held_means()
         out = {
             "config": self.config.all_keys(),
@@ -99,7 +105,7 @@ class RunRecorder:
         return {
             "run-name": self.config.run_name, "algorithm": self.config.algorithm,
             "dataset": self.config.dataset, "round": last.round if last else 0,
-            "rounds": total, "finished": bool(last) and last.round == total,
+            "rounds": total, "finished": last is not None and last.round == total,
             "elapsed_s": elapsed,
             "eta_s": elapsed / done * (total - last.round) if last else None,
             "last_round": None if last is None else {
@@ -115,6 +121,7 @@ class RunRecorder:
         }
 
     def write_progress(self) -> Path:
+        """Rewrite progress.json atomically; return its path."""
         path = self.out_dir / "progress.json"
         payload = json.dumps(self.progress(), indent=1, default=float).encode()
         atomic_write(path, lambda fh: fh.write(payload))
