@@ -59,7 +59,8 @@ def train_case(n: int, dim: int, seed: int = 0) -> dict:
     """One FedAuxTrainer step on an arxiv-sized client: seconds and extra peak MiB."""
     from torch_geometric.data import Data
 
-    from fedgraph_flwr.algorithms.fedaux import FedAuxOptions, FedAuxTrainer
+    from fedgraph_flwr.algorithms.fedaux import FedAuxTrainer
+    from fedgraph_flwr.config import RunConfig
 
     g = torch.Generator().manual_seed(seed)
     m = 7 * n
@@ -69,8 +70,9 @@ def train_case(n: int, dim: int, seed: int = 0) -> dict:
     data = Data(x=torch.randn(n, 128, generator=g), y=y,
                 edge_index=torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]),
                 train_mask=train, val_mask=~train, test_mask=~train)
-    config = {"seed": 0, "lr": 0.01, "weight-decay": 1e-6, "hidden": dim, "dropout": 0.5,
-              "metric": "accuracy", **FedAuxOptions.defaults()}
+    config = RunConfig.from_config({"algorithm": "fedaux", "seed": 0, "lr": 0.01,
+                                    "weight-decay": 1e-6, "hidden": dim, "dropout": 0.5,
+                                    "metric": "accuracy"})
     trainer = FedAuxTrainer(data, config, 40, torch.device("cpu"))
     before = rss_mib()
     t0 = time.perf_counter()

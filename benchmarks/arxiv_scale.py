@@ -56,7 +56,7 @@ def one_run(algorithm: str, clients: int, rounds: int, data_root: str, out: Path
                   for r in res["rounds"] for m in r["clients"].values()]
     sizes = [f["num-nodes"] for f in res["clients"].values()]
     return {
-        "benchmark": "arxiv_scale", "algorithm": algorithm, "dataset": resolved["dataset"],
+        "benchmark": "arxiv_scale", "algorithm": algorithm, "dataset": resolved.dataset,
         "clients": clients, "rounds": rounds, "wall_s": wall,
         "s_per_round_median": statistics.median(r["times"]["round"] for r in res["rounds"][1:]),
         "server_peak_rss_mib": res["server_peak_rss_mib"],

@@ -40,13 +40,13 @@ def one_kernel(kernel: str, clients: int, rounds: int, data_root: str) -> dict:
                                    "data-root": data_root, "fediih-routing-kernel": kernel})
     data, num_classes = load_client_data(identify({"partition-id": 0, "num-partitions": clients},
                                                   config), config)
-    trainer = restore_trainer(data, num_classes, {**config, "server-round": 1}, None,
+    trainer = restore_trainer(data, num_classes, config.with_round(server_round=1), None,
                               torch.device("cpu"), 0)
     torch.manual_seed(0)
     train_s, eval_s, losses, val = [], [], [], []
     for _ in range(rounds + 1):
         t0 = time.perf_counter()
-        metrics = trainer.train(int(config["local-epochs"]))
+        metrics = trainer.train(config.local_epochs)
         t1 = time.perf_counter()
         evaluation = trainer.evaluate()
         train_s.append(t1 - t0)

@@ -53,7 +53,7 @@ def main() -> None:
     t_inproc = time.perf_counter() - t0
     t0 = time.perf_counter()
     simulate(make_server_app(dict(cfg, **{"run-name": "flower"})), make_client_app(),
-             num_supernodes=int(resolved["num-clients"]),
+             num_supernodes=resolved.num_clients,
              backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                              "init_args": {"include_dashboard": False}})
     t_flower = time.perf_counter() - t0

@@ -32,8 +32,8 @@ def client_shapes(algorithm: str, features: int, classes: int, hidden: int, mix_
     from fedgraph_flwr.algorithms import get_algorithm
     from fedgraph_flwr.config import resolve_config
 
-    config = dict(resolve_config(None, {"algorithm": algorithm, "hidden": hidden,
-                                        "dataset": "SBM", "server-mix-dtype": mix_dtype}))
+    config = resolve_config(None, {"algorithm": algorithm, "hidden": hidden,
+                                   "dataset": "SBM", "server-mix-dtype": mix_dtype})
     n = 64
     gen = torch.Generator().manual_seed(0)
     edge_index = torch.randint(0, n, (2, 4 * n), generator=gen)

@@ -102,11 +102,6 @@ class ClientSettings(Options):
                                  low=0.0, high=1.0, high_inclusive=False)
 
     @property
-    def algorithm_entry(self) -> Algorithm:
-        """The registered algorithm (trainer, aggregator, options class)."""
-        return get_algorithm_or_fail(self.algorithm)
-
-    @property
     def data_root_path(self) -> Path:
         """``data-root`` if set, else env FEDGRAPH_DATA_ROOT, else a user cache dir."""
         if self.data_root:
