@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .config import ConfigError, resolve_config
+from .config import ConfigError, RunConfig, resolve_config
 from .plots import draw_client_bars, draw_curves, draw_minority, draw_versus, round_curve
 from .report import write_grid_report
 
@@ -157,7 +157,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             if target.is_file():
                 try:
                     saved = json.loads(target.read_text())
-                    changed: list[str] | None = stale_keys(saved["config"], cfg.all_keys())
+                    changed: list[str] | None = stale_keys(saved["config"], cfg)
                     stopped = stopped_after(saved)
                 except (ValueError, KeyError, TypeError):  # not a results.json we can read
                     changed, stopped = None, None
@@ -238,17 +238,17 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**filled, **{k: v for k, v in legacy.items() if k not in config}}
 
 
-def stale_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Keys that change results where a saved run's config differs from ``current``.
+def stale_keys(saved: dict[str, Any], config: RunConfig) -> list[str]:
+    """Keys that change results where a saved run's config differs from ``config``.
 
     Only the common keys and the run's algorithm's own keys count; other algorithms'
     switches cannot change its numbers.
     """
-    from .algorithms import get_algorithm
     from .config import common_defaults
 
     saved = saved_config(saved)
-    own = set(common_defaults()) | set(get_algorithm(str(current["algorithm"])).config_defaults)
+    current = config.to_config()
+    own = set(common_defaults()) | set(config.options.keys())
     return sorted(k for k in own - set(NOT_RESULT_KEYS)
                   if json.dumps(saved.get(k), default=str) != json.dumps(current.get(k), default=str))
 

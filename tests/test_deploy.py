@@ -250,9 +250,9 @@ class PausesHoldingReplies(RoundDriver):
 
     def send(self, fed, phase, server_round, clients, deadline=None):
         exchange, sent = super().send(fed, phase, server_round, clients, deadline)
-        mark = Path(self.config["output-dir"]) / self.config["run-name"] / "marks" / "server-paused"
+        mark = Path(self.config.output_dir) / self.config.run_name / "marks" / "server-paused"
         if (phase.name == "train" and server_round >= PAUSE_FROM and not mark.exists()
-                and len(exchange.replies) == int(self.config["num-clients"])):
+                and len(exchange.replies) == self.config.num_clients):
             mark.parent.mkdir(parents=True, exist_ok=True)
             tmp = mark.with_name("server-paused.tmp")
             tmp.write_text(json.dumps({{"round": server_round, "pid": os.getpid(),
