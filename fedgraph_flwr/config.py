@@ -39,6 +39,7 @@ import yaml
 from .algorithms import ALGORITHMS, Algorithm, get_algorithm
 from .algorithms.options import ConfigError, Options, coerce, context, option  # ConfigError re-exported
 from .data.partition import METIS_LIBRARIES
+from .generated import replace_block, write_or_check
 from .nn.personal_gnn import BACKBONES
 
 OptionsT = TypeVar("OptionsT", bound=Options)
@@ -448,10 +449,10 @@ def pyproject_block() -> str:
 
 def pyproject_with_block(text: str) -> str:
     """``text`` (a pyproject.toml) with its generated block replaced by the current one."""
-    begin, end = text.find(PYPROJECT_BEGIN), text.find(PYPROJECT_END)
-    if begin < 0 or end < begin:
+    new = replace_block(text, PYPROJECT_BEGIN, PYPROJECT_END, pyproject_block())
+    if new is None:
         raise ConfigError("pyproject.toml lacks the generated block's BEGIN/END marker lines")
-    return text[:begin] + pyproject_block() + text[end + len(PYPROJECT_END):]
+    return new
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,22 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="exit 1 if pyproject.toml's block is not current")
     parser.add_argument("--pyproject", type=Path, default=PYPROJECT, help="default: %(default)s")
     args = parser.parse_args(argv)
-    text = args.pyproject.read_text()
-    try:
-        new = pyproject_with_block(text)
-    except ConfigError as exc:
-        print(f"{args.pyproject}: {exc}", file=sys.stderr)
-        return 2
-    if args.check_pyproject:
-        if new != text:
-            print(f"{args.pyproject} is not current: run python -m fedgraph_flwr.config "
-                  f"--write-pyproject", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        args.pyproject.write_text(new)
-        print(f"wrote {args.pyproject}")
-    return 0
+    return write_or_check(args.pyproject, pyproject_with_block, check=args.check_pyproject,
+                          stale=f"{args.pyproject} is not current: run python -m "
+                                f"fedgraph_flwr.config --write-pyproject")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .algorithms import ALGORITHMS, Algorithm
+from .generated import replace_block, write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -68,10 +69,10 @@ def method_table() -> str:
 
 def readme_with_table(text: str) -> str:
     """``text`` (a README) with its generated table replaced by the current one."""
-    begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
-    if begin < 0 or end < begin:
+    new = replace_block(text, TABLE_BEGIN, TABLE_END, method_table())
+    if new is None:
         raise ValueError("README.md lacks the generated table's BEGIN/END marker lines")
-    return text[:begin] + method_table() + text[end + len(TABLE_END):]
+    return new
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,22 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
     parser.add_argument("--readme", type=Path, default=README, help="default: %(default)s")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    try:
-        new = readme_with_table(text)
-    except ValueError as exc:
-        print(f"{args.readme}: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        if new != text:
-            print(f"{args.readme}'s method table is stale: run python -m fedgraph_flwr.docs_tables "
-                  f"--write", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        args.readme.write_text(new)
-        print(f"wrote {args.readme}")
-    return 0
+    return write_or_check(args.readme, readme_with_table, check=args.check,
+                          stale=f"{args.readme}'s method table is stale: run python -m "
+                                f"fedgraph_flwr.docs_tables --write")
 
 
 if __name__ == "__main__":
