@@ -34,6 +34,8 @@ for dep in project["dependencies"] + project["optional-dependencies"]["test"]:
 PYEOF
 )
 "$PY" -m pip install -q "$FLWR_NIGHTLY[simulation]" "${DEPS[@]}"
+# The package itself, without its flwr pin, so the `fedgraph-*` console scripts exist.
+"$PY" -m pip install -q --no-deps -e .
 "$PY" - <<'PYEOF'
 from importlib import metadata
 try:
