@@ -41,6 +41,8 @@ from .algorithms.options import ConfigError, Options, coerce, context, option  #
 from .data.partition import METIS_LIBRARIES
 from .generated import replace_block, write_or_check
 from .nn.personal_gnn import BACKBONES
+from .privacy import scope as privacy_scope
+from .privacy.scope import DP_SCOPES
 
 OptionsT = TypeVar("OptionsT", bound=Options)
 
@@ -101,6 +103,13 @@ class ClientSettings(Options):
     memory_limit: float = option(0.9, "a client refuses a phase when memory is this full "
                                  "(Ray's OOM killer acts at 0.95); 0 = off",
                                  low=0.0, high=1.0, high_inclusive=False)
+    # differential privacy on what it sends (privacy/): the client clips and noises
+    dp: str = option("off", "differential privacy: off | signature (what the server reads in the "
+                     "clear to mix) | client (everything a client sends)", choices=DP_SCOPES)
+    dp_clip: float = option(1.0, "dp: L2 norm C each reply is clipped to", low=0.0,
+                            low_inclusive=False)
+    dp_noise_multiplier: float = option(0.0, "dp: Gaussian noise std / C (0: calibrated to "
+                                        "dp-epsilon)", low=0.0)
 
     @property
     def data_root_path(self) -> Path:
@@ -142,6 +151,10 @@ class ServerSettings(Options):
     server_mix_dtype: str = option("float64", "float64: the published numbers; float32 halves "
                                    "personalized mixing for many clients", choices=MIX_DTYPES)
     verbose: bool = option(True, "log each round")
+    dp_epsilon: float = option(0.0, "dp: the run's privacy budget ε (0: none); the run stops "
+                               "before a round would exceed it", low=0.0)
+    dp_delta: float = option(1e-5, "dp: δ of the (ε, δ) guarantee", low=0.0, high=1.0,
+                             low_inclusive=False, high_inclusive=False)
 
 
 class _WithOptions:
@@ -259,8 +272,26 @@ class RunConfig(ServerSettings, ClientConfig):
         if self.min_clients > self.num_clients:
             raise ConfigError(f"min-clients must be in [0, num-clients={self.num_clients}], "
                               f"got {self.min_clients}")
+        self._check_dp()
         if not RUN_NAME.fullmatch(self.run_name):
             raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
+
+    def _check_dp(self) -> None:
+        """dp settings this algorithm can honour, and none set while dp=off."""
+        if self.dp == "off":
+            stray = [k for k, v in (("dp-noise-multiplier", self.dp_noise_multiplier),
+                                    ("dp-epsilon", self.dp_epsilon)) if v]
+            if stray:
+                raise ConfigError(f"{stray[0]} is set but dp=off, so nothing would be noised: "
+                                  f"set dp=signature or dp=client, or drop {stray[0]}")
+            return
+        why = privacy_scope.refusal(get_algorithm(self.algorithm).trainer, self.algorithm,
+                                    self.dp)
+        if why:
+            raise ConfigError(why)
+        if not self.dp_noise_multiplier and not self.dp_epsilon:
+            raise ConfigError(f"dp={self.dp} needs dp-epsilon (a budget the noise is calibrated "
+                              f"to) or dp-noise-multiplier > 0")
 
     def to_config(self) -> dict[str, Any]:
         """``{key: value}``: the common keys, then the algorithm's (results.json, checkpoints)."""

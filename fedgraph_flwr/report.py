@@ -154,6 +154,16 @@ def headline_cards(results: dict[str, Any]) -> str:
         card("failures / void rounds", f"{final.get('failures', 0)} / {final.get('void_rounds', 0)}",
              _failures_note(final.get("failures_by_client", {}))),
     ]
+    dp = results.get("dp")
+    if dp:
+        keyed = {True: "keyed by the owners' secrets", False: "seeded by the run (research: "
+                 "whoever knows the seed can remove it)", None: "no release yet"}[dp.get("noise_keyed")]
+        cards.append(card(f"privacy: dp={dp['scope']}",
+                          f"ε = {_num(dp['epsilon']):.3g} at δ = {_num(dp['delta']):g}",
+                          f"σ = {_num(dp['noise_multiplier']):.4g}, C = {_num(dp['clip']):g}, "
+                          f"{dp['releases']} releases; covers {dp['covers']}; noise {keyed}"))
+    if results.get("stopped"):
+        cards.append(card("stopped early", f"after round {n}", str(results["stopped"])))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 

@@ -33,7 +33,8 @@ ENGINE = f"{PACKAGE}.engine"
 #: The server's side: a ServerApp process never needs the client's code.
 SERVER = {f"{ENGINE}.{m}" for m in (
     "driver", "federation", "flower_transport", "server_app", "roster", "recorder",
-    "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport")}
+    "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport",
+    "privacy_budget")}
 #: The client's side: a ClientApp process never needs the server's code.
 CLIENT = {f"{ENGINE}.{m}" for m in ("client_app", "client_runtime")}
 #: Used by both sides, so they may import neither: the names both agree on (contract),

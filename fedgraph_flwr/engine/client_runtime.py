@@ -25,6 +25,8 @@ from ..algorithms import get_algorithm
 from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
 from ..config import ClientConfig, ClientSettings
+from ..privacy import scope as privacy_scope
+from ..privacy.mechanism import Mechanism, noise_key_words
 from . import state_codec
 from .contract import TRAIN_POSITION, data_root_reason, peak_rss_mib, state_position
 
@@ -496,10 +498,29 @@ def handle_phase(config: ClientConfig, phase: Phase, arrays: Arrays, data: Data,
     out = store.run(data, num_classes, config, phase, arrays, partition_id, device)
     check_memory(config)
     metrics = {**out.metrics, **out.timings, "partition-id": partition_id}
+    if config.dp != "off":
+        metrics["dp-noise-keyed"] = float(privatize_reply(out, config, phase, arrays, partition_id))
     if store.keeps_bytes:
         metrics["state-bytes"] = len(out.state)
     metrics["mem-peak-rss-mib"] = peak_rss_mib()
     return out, metrics
+
+
+def privatize_reply(out: RoundOutput, config: ClientConfig, phase: Phase, request: Arrays,
+                    partition_id: int) -> bool:
+    """``dp``: clip and noise what the scope covers in ``out`` before it leaves (in place);
+    returns whether the noise is keyed by the owner's secret (privacy/mechanism.py)."""
+    trainer = get_algorithm(config.algorithm).trainer
+    if not privacy_scope.releases(trainer, config.dp, phase):
+        return bool(noise_key_words())
+    key = noise_key_words()
+    place = [p.name for p in trainer.phases].index(phase.name)
+    mechanism = Mechanism(config.dp_clip, config.dp_noise_multiplier)
+    out.upload, out.signature = mechanism.privatize(
+        out.upload, out.signature, request,
+        cover_upload=privacy_scope.covers_upload(config.dp, phase),
+        seed_words=(config.seed, partition_id, config.server_round, place, *key))
+    return bool(key)
 
 
 def run_phase(trainer, config: ClientConfig, phase: Phase, arrays: Arrays, server_round: int,

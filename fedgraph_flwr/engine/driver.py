@@ -67,6 +67,11 @@ class RoundDriver:
             self.precompute(fed)
         try:
             for server_round in range(first, self.config.rounds + 1):
+                stop = fed.privacy_stop(server_round)
+                if stop:  # a clean stop: what the run has is written below
+                    self.log(stop)
+                    fed.record.stop_reason = stop
+                    break
                 self.run_round(fed, server_round)
                 if self.write:
                     # Written while the next round's clients train; joined before the
@@ -96,6 +101,7 @@ class RoundDriver:
             timeout = max(0.0, deadline - time.monotonic())
         exchange = self.transport.exchange(phase, requests, timeout)
         fed.note_saved_states(phase, server_round, list(exchange.replies))
+        fed.spend_privacy(phase, clients, exchange.replies)
         for cid in clients:
             if cid not in exchange.replies and cid not in exchange.failures:
                 exchange.failures[cid] = "missing: no reply before round-timeout"
@@ -162,6 +168,8 @@ class RoundDriver:
             f"{100 * record.mean('val_metric'):.2f} test {100 * record.mean('test_metric'):.2f} "
             f"loss {record.mean('train_loss'):.4f} ({len(record.clients)}/{len(sampled)} "
             f"clients, {record.times['round']:.2f}s)"
+            + (f" ε={record.aggregate['dp-epsilon']:.3g}" if "dp-epsilon" in record.aggregate
+               else "")
         )
 
     # --- failures -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
 from ..config import ClientConfig, RunConfig
 from .ledger import ClientStateLedger
+from .privacy_budget import PrivacyBudget
 from .recorder import RoundLog
 from .replies import ReplyValidator
 from .roster import Roster
@@ -48,6 +49,12 @@ class Federation:
         self.num_classes = self.roster.num_classes
         self.algo = get_algorithm(config.algorithm)
         self.phases: tuple[Phase, ...] = self.algo.trainer.phases
+        self.privacy: PrivacyBudget | None = None
+        if self.config.dp != "off":  # before anything reads the config: σ may be calibrated
+            self.privacy = PrivacyBudget(self.config, self.algo.trainer, self.phases,
+                                         self.roster.sample, self.client_ids)
+            self.config = self.privacy.config
+        self.noise_keyed: bool | None = None  # whether every DP reply's noise was keyed
         self.initial = self.algo.trainer.initial_arrays(self.num_features, self.num_classes,
                                                         self.config.client_config())
         self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
@@ -56,6 +63,8 @@ class Federation:
         self.ledger = ClientStateLedger(self.config)
         self.record = RunRecorder(self.config, self.roster.facts, self.num_features,
                                   self.num_classes, write_report)
+        if self.privacy is not None:
+            self.record.privacy_summary = self.privacy_summary
 
     @property
     def rounds(self) -> list[RoundLog]:
@@ -104,6 +113,28 @@ class Federation:
     def note_saved_states(self, phase: Phase, server_round: int, replied: list[int]) -> None:
         """A client that replied to ``phase`` saved its state after it first."""
         self.ledger.note(phase, server_round, replied)
+
+    # --- differential privacy --------------------------------------------------------
+    def privacy_stop(self, server_round: int) -> str | None:
+        """Why the run stops before ``server_round`` (its dp budget), or None."""
+        if self.privacy is None:
+            return None
+        return self.privacy.stop_reason(server_round, self.sample(server_round))
+
+    def spend_privacy(self, phase: Phase, sent: list[int], replies: dict[int, ClientReply]
+                      ) -> None:
+        """Count what ``phase``'s replies released (dp) and whether their noise was keyed."""
+        if self.privacy is None:
+            return
+        self.privacy.spend(phase, sent, replies)
+        for reply in replies.values():
+            keyed = bool(reply.metrics.get("dp-noise-keyed", 0.0))
+            self.noise_keyed = keyed if self.noise_keyed is None else self.noise_keyed and keyed
+
+    def privacy_summary(self) -> dict[str, Any]:
+        """The run's dp guarantee so far (results.json, progress.json, report)."""
+        assert self.privacy is not None
+        return self.privacy.summary(self.noise_keyed)
 
     # --- what comes back ------------------------------------------------------------
     def min_replies(self) -> int:
@@ -156,6 +187,8 @@ class Federation:
                 update.metrics.get("time-train", float("nan")))
         record.bytes_received = dict(sorted(record.bytes_received.items()))
         record.times["aggregate"] = 0.0
+        if self.privacy is not None:
+            record.aggregate["dp-epsilon"] = self.privacy.epsilon()
         if not aggregate:
             record.void = True
         elif len(updates) < self.min_replies():
@@ -211,6 +244,7 @@ class Federation:
             "payloads": {int(c): p for c, p in self.payloads.items()},  # numpy: stored as tensors
             "aggregator": self.aggregator.state_dict(),
             **self.validator.state_dict(),
+            **(self.privacy.state_dict() if self.privacy is not None else {}),
         }, background=background)
 
     def wait_for_checkpoint(self) -> None:
@@ -224,6 +258,8 @@ class Federation:
         self.payloads = {int(c): p for c, p in state["payloads"].items()}
         self.aggregator.load_state_dict(state["aggregator"])
         self.validator.load_state_dict(state)
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state)
         return int(state["round"])
 
     def first_round(self) -> int:

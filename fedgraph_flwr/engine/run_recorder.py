@@ -41,6 +41,9 @@ class RunRecorder:
         self.elapsed_before_resume = 0.0
         self.out_dir = Path(config.output_dir).expanduser() / config.run_name
         self.checkpointer = Checkpointer(self.out_dir)
+        # Set by the federation: the dp guarantee so far (None: dp=off).
+        self.privacy_summary: Callable[[], dict[str, Any]] | None = None
+        self.stop_reason: str | None = None  # why the run ended before its last round
 
     @property
     def rounds(self) -> list[RoundLog]:
@@ -85,6 +88,16 @@ class RunRecorder:
         }
         if self.precompute:
             out["precompute"] = self.precompute
+        out.update(self.ending())
+        return out
+
+    def ending(self) -> dict[str, Any]:
+        """The dp guarantee and an early stop's reason, where there are any."""
+        out: dict[str, Any] = {}
+        if self.privacy_summary is not None:
+            out["dp"] = self.privacy_summary()
+        if self.stop_reason:
+            out["stopped"] = self.stop_reason
         return out
 
     def write_results(self) -> Path:
@@ -105,7 +118,8 @@ class RunRecorder:
         return {
             "run-name": self.config.run_name, "algorithm": self.config.algorithm,
             "dataset": self.config.dataset, "round": last.round if last else 0,
-            "rounds": total, "finished": last is not None and last.round == total,
+            "rounds": total,
+            "finished": (last is not None and last.round == total) or bool(self.stop_reason),
             "elapsed_s": elapsed,
             "eta_s": elapsed / done * (total - last.round) if last else None,
             "last_round": None if last is None else {
@@ -118,6 +132,7 @@ class RunRecorder:
             "best_so_far": None if best is None else {
                 "round": best.round, "val": 100 * held[best.round][0],
                 "test": 100 * held[best.round][1]},
+            **self.ending(),
         }
 
     def write_progress(self) -> Path:

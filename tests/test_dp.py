@@ -1,0 +1,161 @@
+"""Differential privacy (dp=signature|client): the client's mechanism, the server's
+accountant, the refusals, and a run that reports ε and stops at its budget."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.engine.loop import run_federation
+from fedgraph_flwr.privacy import accountant
+from fedgraph_flwr.privacy.mechanism import NOISE_KEY_ENV, DpError, Mechanism, noise_key_words
+
+SEED = (0, 1, 2, 3)
+
+
+def _norm(arrays: dict) -> float:
+    return math.sqrt(sum(float(np.vdot(a.astype(np.float64), a.astype(np.float64)))
+                         for a in arrays.values()))
+
+
+def test_the_update_is_clipped_to_c_and_the_noise_has_std_sigma_c():
+    rng = np.random.default_rng(0)
+    sent = {"w": rng.normal(size=(200, 50)).astype(np.float32)}
+    trained = {"w": sent["w"] + 10 * rng.normal(size=(200, 50)).astype(np.float32)}
+    # Almost no noise: what leaves is the update scaled to norm C, on top of what was sent.
+    quiet = Mechanism(clip=2.0, noise_multiplier=1e-9)
+    up, _ = quiet.privatize(trained, {}, sent, cover_upload=True, seed_words=SEED)
+    delta = up["w"].astype(np.float64) - sent["w"]
+    assert _norm({"w": delta}) == pytest.approx(2.0, rel=1e-4)
+    np.testing.assert_allclose(delta / np.linalg.norm(delta),
+                               (trained["w"] - sent["w"]) / np.linalg.norm(trained["w"] - sent["w"]),
+                               atol=1e-5)
+    # An update already inside the ball is not scaled; the noise has std σ·C.
+    small = {"w": sent["w"] + np.float32(1e-6)}
+    loud = Mechanism(clip=0.5, noise_multiplier=3.0)
+    up, _ = loud.privatize(small, {}, sent, cover_upload=True, seed_words=SEED)
+    noise = up["w"].astype(np.float64) - small["w"]
+    assert noise.std() == pytest.approx(1.5, rel=0.02) and abs(noise.mean()) < 0.02
+    assert up["w"].dtype == np.float32
+
+
+def test_an_update_and_a_raw_signature_each_get_half_the_norm_squared():
+    sent = {"w": np.zeros(100, np.float32)}
+    reply = {"w": np.full(100, 5.0, np.float32)}
+    signature = {"apv": np.full(16, 9.0, np.float32)}
+    up, sig = Mechanism(1.0, 1e-9).privatize(reply, signature, sent, cover_upload=True,
+                                             seed_words=SEED)
+    assert _norm(up) == pytest.approx(math.sqrt(0.5), rel=1e-4)
+    assert _norm(sig) == pytest.approx(math.sqrt(0.5), rel=1e-4)
+    assert _norm(up) ** 2 + _norm(sig) ** 2 == pytest.approx(1.0, rel=1e-4)
+
+
+def test_signature_scope_leaves_the_weights_and_noises_the_signature():
+    weights = {"w": np.ones(10, np.float32)}
+    signature = {"apv": np.ones(4, np.float32)}
+    up, sig = Mechanism(1.0, 1.0).privatize(weights, signature, {}, cover_upload=False,
+                                            seed_words=SEED)
+    assert up["w"] is weights["w"]
+    assert not np.array_equal(sig["apv"], signature["apv"])
+
+
+def test_noise_is_reproducible_from_its_seed_and_keyed_by_the_owners_secret(monkeypatch):
+    weights = {"w": np.zeros(64, np.float32)}
+    mech = Mechanism(1.0, 1.0)
+
+    def noised(words):
+        return mech.privatize(weights, {}, {}, cover_upload=True, seed_words=words)[0]["w"]
+
+    np.testing.assert_array_equal(noised(SEED), noised(SEED))
+    assert not np.array_equal(noised(SEED), noised((0, 1, 2, 4)))  # another phase
+    monkeypatch.delenv(NOISE_KEY_ENV, raising=False)
+    assert noise_key_words() == ()
+    monkeypatch.setenv(NOISE_KEY_ENV, "the owner's secret")
+    key = noise_key_words()
+    assert len(key) == 8
+    assert not np.array_equal(noised(SEED), noised(SEED + key))
+
+
+def test_arrays_that_cannot_carry_noise_are_refused():
+    with pytest.raises(DpError, match="'slots' \\(int64\\)"):
+        Mechanism(1.0, 1.0).privatize({"slots": np.arange(3)}, {}, {}, cover_upload=True,
+                                      seed_words=SEED)
+    with pytest.raises(DpError, match="dp-noise-multiplier > 0"):
+        Mechanism(1.0, 0.0)
+
+
+def test_the_accountant_composes_and_calibrates_with_dp_accounting():
+    # dp-accounting's RDP bound: 100 Gaussian releases at σ=1 cost ε≈96 at δ=1e-5, and the
+    # bound grows with the releases and falls with the noise.
+    assert accountant.epsilon(1.0, 0, 1e-5) == 0.0
+    eps = [accountant.epsilon(2.0, n, 1e-5) for n in (1, 10, 100)]
+    assert eps == sorted(eps) and eps[0] > 0
+    assert accountant.epsilon(4.0, 100, 1e-5) < accountant.epsilon(2.0, 100, 1e-5)
+    for target in (1.0, 4.0):
+        sigma = accountant.calibrate(target, 100, 1e-5)
+        assert 0.99 * target < accountant.epsilon(sigma, 100, 1e-5) <= target
+        assert accountant.epsilon(sigma * 0.98, 100, 1e-5) > target  # the smallest, nearly
+    budget = accountant.PrivacyAccountant(2.0, 1e-5, budget=3.5)
+    budget.spend([0, 1])
+    budget.spend([0])
+    assert budget.epsilon() == accountant.epsilon(2.0, 2, 1e-5)  # the most-spent client
+    assert budget.exceeds_budget([0]) is not None and budget.exceeds_budget([1]) is None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algorithm": "fedsage", "dp": "client", "dp-epsilon": 4},
+     "dp=client is refused for algorithm=fedsage: its published protocol sends per-node arrays"),
+    ({"algorithm": "fedgnn", "dp": "signature", "dp-epsilon": 4},
+     "dp=signature is refused for algorithm=fedgnn"),
+    ({"algorithm": "fedavg", "dp": "signature", "dp-epsilon": 4},
+     "dp=signature does nothing for algorithm=fedavg: it sends no signature"),
+    ({"dp": "client"}, "dp=client needs dp-epsilon"),
+    ({"dp-epsilon": 4}, "dp-epsilon is set but dp=off"),
+    ({"dp": "laplace"}, "dp='laplace' is not a valid choice"),
+    ({"dp": "client", "dp-delta": 0}, "dp-delta=0"),
+])
+def test_settings_a_method_cannot_honour_are_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        resolve_config(None, overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def _dp_run(tmp_path, synthetic_root, **extra) -> tuple[dict, list[str]]:
+    lines: list[str] = []
+    cfg = {"algorithm": "fedaux", "dataset": "SBM", "num-clients": 3, "rounds": 4, "hidden": 16,
+           "data-root": str(synthetic_root), "output-dir": str(tmp_path), "run-name": "dp",
+           **extra}
+    return run_federation(cfg, log=lines.append), lines
+
+
+def test_a_run_reports_epsilon_every_round_and_stops_cleanly_at_its_budget(tmp_path,
+                                                                          synthetic_root):
+    # σ=2: two releases cost ε≈3.19, a third would be ≈4.01 > 4 (fedaux sends one per round).
+    res, lines = _dp_run(tmp_path, synthetic_root, dp="client", **{
+        "dp-noise-multiplier": 2.0, "dp-epsilon": 4.0})
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    eps = [r["aggregate"]["dp-epsilon"] for r in res["rounds"]]
+    assert eps == [accountant.epsilon(2.0, n, 1e-5) for n in (1, 2)]
+    assert res["dp"]["epsilon"] == eps[-1] < 4.0 and res["dp"]["noise_keyed"] is False
+    assert res["stopped"].startswith("dp budget: round 3 would bring ε to 4.01 > dp-epsilon=4")
+    assert any(line.startswith("round 2/4:") and line.endswith(f"ε={eps[-1]:.3g}") for line in lines)
+    assert res["stopped"] in lines
+    saved = json.loads((tmp_path / "dp" / "results.json").read_text())
+    assert saved["stopped"] == res["stopped"] and saved["dp"]["scope"] == "client"
+    progress = json.loads((tmp_path / "dp" / "progress.json").read_text())
+    assert progress["dp"]["epsilon"] == eps[-1] and progress["round"] == 2
+    assert progress["finished"]  # nothing more will come: watchers stop waiting
+    page = (tmp_path / "dp" / "report.html").read_text()
+    assert f"ε = {eps[-1]:.3g} at δ = 1e-05" in page and "stopped early" in page
+
+
+def test_a_target_epsilon_alone_calibrates_the_noise_to_the_whole_run(tmp_path, synthetic_root):
+    res, _ = _dp_run(tmp_path, synthetic_root, dp="signature", **{"dp-epsilon": 2.0})
+    assert len(res["rounds"]) == 4 and "stopped" not in res
+    sigma = res["config"]["dp-noise-multiplier"]
+    assert sigma == accountant.calibrate(2.0, 4, 1e-5)
+    assert res["dp"]["epsilon"] == accountant.epsilon(sigma, 4, 1e-5) <= 2.0
