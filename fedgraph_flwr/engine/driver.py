@@ -71,6 +71,8 @@ class RoundDriver:
                 if stop:  # a clean stop: what the run has is written below
                     self.log(stop)
                     fed.record.stop_reason = stop
+                    if self.write:
+                        fed.write_progress()
                     break
                 self.run_round(fed, server_round)
                 if self.write:
