@@ -267,7 +267,10 @@ def move_aside(run_dir: Path, stale_root: Path) -> Path:
 
 def stopped_after(res: dict[str, Any]) -> int | None:
     """The last round a results.json recorded, if the run stopped before its ``rounds``
-    (an abort writes the rounds it reached); None for a finished run."""
+    (an abort writes the rounds it reached); None for a finished run, and for one that
+    ended early by design (``stopped``: its dp budget was spent)."""
+    if res.get("stopped"):
+        return None
     last = res["rounds"][-1]["round"] if res["rounds"] else 0
     return int(last) if int(last) < int(res["config"]["rounds"]) else None
 

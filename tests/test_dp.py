@@ -156,6 +156,15 @@ def test_a_run_reports_epsilon_every_round_and_stops_cleanly_at_its_budget(tmp_p
 def test_a_target_epsilon_alone_calibrates_the_noise_to_the_whole_run(tmp_path, synthetic_root):
     res, _ = _dp_run(tmp_path, synthetic_root, dp="signature", **{"dp-epsilon": 2.0})
     assert len(res["rounds"]) == 4 and "stopped" not in res
-    sigma = res["config"]["dp-noise-multiplier"]
+    assert res["config"]["dp-noise-multiplier"] == 0.0  # as asked: calibrated to dp-epsilon
+    sigma = res["dp"]["noise_multiplier"]
     assert sigma == accountant.calibrate(2.0, 4, 1e-5)
     assert res["dp"]["epsilon"] == accountant.epsilon(sigma, 4, 1e-5) <= 2.0
+
+
+def test_a_grid_keeps_a_run_its_budget_stopped():
+    from fedgraph_flwr.experiments import stopped_after
+
+    ended = {"config": {"rounds": 4}, "rounds": [{"round": 1}, {"round": 2}]}
+    assert stopped_after(ended) == 2  # an abort: the grid re-runs it
+    assert stopped_after(dict(ended, stopped="dp budget: round 3 would ...")) is None

@@ -50,10 +50,9 @@ class Federation:
         self.algo = get_algorithm(config.algorithm)
         self.phases: tuple[Phase, ...] = self.algo.trainer.phases
         self.privacy: PrivacyBudget | None = None
-        if self.config.dp != "off":  # before anything reads the config: σ may be calibrated
+        if self.config.dp != "off":
             self.privacy = PrivacyBudget(self.config, self.algo.trainer, self.phases,
                                          self.roster.sample, self.client_ids)
-            self.config = self.privacy.config
         self.noise_keyed: bool | None = None  # whether every DP reply's noise was keyed
         self.initial = self.algo.trainer.initial_arrays(self.num_features, self.num_classes,
                                                         self.config.client_config())
@@ -84,7 +83,10 @@ class Federation:
     def client_config(self, server_round: int) -> ClientConfig:
         """What a client is told: the keys it and its algorithm read, plus what the
         handshake settled and this round's number."""
-        return self.config.client_config(
+        # dp: the clients are sent the noise multiplier in use (calibrated where the run
+        # asked for a budget only); the run's own config keeps what was asked for.
+        base = self.config if self.privacy is None else self.privacy.config
+        return base.client_config(
             server_round=server_round, num_classes_global=self.num_classes,
             num_features_global=self.num_features, client_state_token=self.ledger.token)
 
