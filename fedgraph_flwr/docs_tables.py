@@ -4,7 +4,8 @@
 BEGIN/END marker lines; ``--check`` exits 1 when it is stale (``tests/test_docs_tables.py``
 runs the same check). Each row is drawn from ``fedgraph_flwr.algorithms.ALGORITHMS``: the
 name, the options class, the first paragraph of the algorithm module's docstring, the
-arrays the trainer names in ``per_node_arrays`` and the link to ``docs/methods/<name>.md``.
+arrays the trainer names in ``per_node_arrays``, the ``dp`` scopes it honours
+(:mod:`.privacy.scope`) and the link to ``docs/methods/<name>.md``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from .algorithms import ALGORITHMS, Algorithm
 from .generated import replace_block, write_or_check
+from .privacy.scope import DP_SCOPES, refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -46,6 +48,15 @@ def description(algo: Algorithm) -> str:
     return " ".join(first_paragraph.split())
 
 
+def privacy_cell(algo: Algorithm) -> str:
+    """The ``dp`` scopes the method honours, or why it refuses them."""
+    scopes = [s for s in DP_SCOPES[1:] if refusal(algo.trainer, algo.name, s) is None]
+    if not scopes:
+        return "none: per-node arrays cannot carry noise"
+    why = "" if "signature" in scopes else " (no signature)"
+    return "dp: " + ", ".join(f"`{s}`" for s in scopes) + why
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -54,15 +65,16 @@ def method_table() -> str:
     """The generated table, markers included."""
     lines = [
         TABLE_BEGIN.rstrip("\n"),
-        "| `algorithm` | method | options | per-node values that leave the client | page |",
-        "|---|---|---|---|---|",
+        "| `algorithm` | method | options | per-node values that leave the client | privacy "
+        "([docs](docs/privacy.md)) | page |",
+        "|---|---|---|---|---|---|",
     ]
     for algo in documented_algorithms():
         per_node = ", ".join(f"`{name}`" for name in sorted(algo.trainer.per_node_arrays))
         page = method_page(algo.name).relative_to(ROOT).as_posix()
         lines.append(
             f"| `{algo.name}` | {_cell(description(algo))} | `{algo.options.__name__}` "
-            f"| {per_node or 'none'} | [{algo.name}.md]({page}) |"
+            f"| {per_node or 'none'} | {privacy_cell(algo)} | [{algo.name}.md]({page}) |"
         )
     return "\n".join(lines) + "\n" + TABLE_END
 
