@@ -168,3 +168,24 @@ def test_a_grid_keeps_a_run_its_budget_stopped():
     ended = {"config": {"rounds": 4}, "rounds": [{"round": 1}, {"round": 2}]}
     assert stopped_after(ended) == 2  # an abort: the grid re-runs it
     assert stopped_after(dict(ended, stopped="dp budget: round 3 would ...")) is None
+
+
+def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
+    """Under dp=signature the server's similarities come from the noised signature, not from
+    the APV inside the weights (which the signature scope leaves to encryption)."""
+    from fedgraph_flwr.algorithms import ALGORITHMS
+    from fedgraph_flwr.algorithms.base import ClientUpdate
+    from fedgraph_flwr.algorithms.fedaux import APV_KEY
+
+    def updates(in_weights, in_signature):
+        return {c: ClientUpdate({APV_KEY: np.array(w, np.float32)},
+                                {APV_KEY: np.array(s, np.float32)}, 10)
+                for c, (w, s) in enumerate(zip(in_weights, in_signature))}
+
+    same, opposite = [[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [-1.0, 0.0]]
+    for dp, expected in (("off", 1.0), ("signature", -1.0)):
+        extra = {"dp-epsilon": 4.0} if dp != "off" else {}
+        cfg = resolve_config(None, {"algorithm": "fedaux", "dp": dp, **extra})
+        aggregator = ALGORITHMS["fedaux"].aggregator(cfg, [0, 1], {})
+        result = aggregator.aggregate(1, updates(same, opposite))
+        assert result.diagnostics["similarity"][0, 1] == pytest.approx(expected)

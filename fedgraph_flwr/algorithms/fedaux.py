@@ -183,8 +183,9 @@ class FedAuxAggregator(Aggregator):
             },
         )
 
-    @staticmethod
-    def _apv_of(update: ClientUpdate) -> np.ndarray:
-        """The client's APV: the uploaded parameter (what gets mixed), else its signature."""
-        source = update.arrays if APV_KEY in update.arrays else update.signature
+    def _apv_of(self, update: ClientUpdate) -> np.ndarray:
+        """The client's APV: the uploaded parameter (what gets mixed), else its signature;
+        under ``dp=signature`` always the signature, the copy the mechanism protects."""
+        in_upload = APV_KEY in update.arrays and self.config.dp != "signature"
+        source = update.arrays if in_upload else update.signature
         return np.asarray(source[APV_KEY], dtype=np.float64).reshape(-1)
