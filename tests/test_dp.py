@@ -189,3 +189,18 @@ def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
         aggregator = ALGORITHMS["fedaux"].aggregator(cfg, [0, 1], {})
         result = aggregator.aggregate(1, updates(same, opposite))
         assert result.diagnostics["similarity"][0, 1] == pytest.approx(expected)
+
+
+@pytest.mark.simulation
+def test_dp_through_a_flower_simulation_gives_the_in_process_numbers(tmp_path, synthetic_root):
+    """The noise is added in the one client handler, so a real Flower simulation sends and
+    receives exactly what the in-process run does, and reports the same ε."""
+    from helpers import simulation_equals_in_process
+
+    flower = simulation_equals_in_process(
+        {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 2, "hidden": 16,
+         "data-root": str(synthetic_root), "dp": "client", "dp-epsilon": 3.0},
+        tmp_path, num_supernodes=3)
+    assert flower["dp"]["epsilon"] <= 3.0 and flower["dp"]["releases"] == 2
+    assert all(r["clients"][c]["dp-noise-keyed"] == 0.0 for r in flower["rounds"]
+               for c in r["clients"])
