@@ -50,6 +50,7 @@ FEATURES = ("normalized", "raw")
 METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
+SECURE_AGGREGATIONS = ("off", "ckks")
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 
 
@@ -101,6 +102,13 @@ class ClientSettings(Options):
     memory_limit: float = option(0.9, "a client refuses a phase when memory is this full "
                                  "(Ray's OOM killer acts at 0.95); 0 = off",
                                  low=0.0, high=1.0, high_inclusive=False)
+    # secure aggregation (fedgraph_flwr/secure_aggregation.py, docs/secure-aggregation.md)
+    secure_aggregation: str = option("off", "ckks: train uploads encrypted under a CKKS key the "
+                                     "server does not hold; it mixes ciphertexts",
+                                     choices=SECURE_AGGREGATIONS)
+    ckks_secret_context: str = option("", "ckks: the client's secret-context file (env "
+                                      "FEDGRAPH_CKKS_SECRET_CONTEXT wins; in-process/simulation: "
+                                      "the run's own)")
 
     @property
     def data_root_path(self) -> Path:
@@ -142,6 +150,8 @@ class ServerSettings(Options):
     server_mix_dtype: str = option("float64", "float64: the published numbers; float32 halves "
                                    "personalized mixing for many clients", choices=MIX_DTYPES)
     verbose: bool = option(True, "log each round")
+    ckks_public_context: str = option("", "ckks: the server's public-context file (else "
+                                      "<output-dir>/<run-name>/ckks/public.ckks)")
 
 
 class _WithOptions:
@@ -261,6 +271,10 @@ class RunConfig(ServerSettings, ClientConfig):
                               f"got {self.min_clients}")
         if not RUN_NAME.fullmatch(self.run_name):
             raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
+        if self.secure_aggregation != "off":
+            from .secure_aggregation import check_method  # local import: tenseal
+
+            check_method(self)
 
     def to_config(self) -> dict[str, Any]:
         """``{key: value}``: the common keys, then the algorithm's (results.json, checkpoints)."""
