@@ -52,6 +52,7 @@ FEATURES = ("normalized", "raw")
 METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
+SECURE_AGGREGATIONS = ("off", "ckks")
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 
 
@@ -110,6 +111,13 @@ class ClientSettings(Options):
                             low_inclusive=False)
     dp_noise_multiplier: float = option(0.0, "dp: Gaussian noise std / C (0: calibrated to "
                                         "dp-epsilon)", low=0.0)
+    # secure aggregation (fedgraph_flwr/secure_aggregation.py, docs/secure-aggregation.md)
+    secure_aggregation: str = option("off", "ckks: train uploads encrypted under a CKKS key the "
+                                     "server does not hold; it mixes ciphertexts",
+                                     choices=SECURE_AGGREGATIONS)
+    ckks_secret_context: str = option("", "ckks: the client's secret-context file (env "
+                                      "FEDGRAPH_CKKS_SECRET_CONTEXT wins; in-process/simulation: "
+                                      "the run's own)")
 
     @property
     def data_root_path(self) -> Path:
@@ -155,6 +163,8 @@ class ServerSettings(Options):
                                "before a round would exceed it", low=0.0)
     dp_delta: float = option(1e-5, "dp: δ of the (ε, δ) guarantee", low=0.0, high=1.0,
                              low_inclusive=False, high_inclusive=False)
+    ckks_public_context: str = option("", "ckks: the server's public-context file (else "
+                                      "<output-dir>/<run-name>/ckks/public.ckks)")
 
 
 class _WithOptions:
@@ -275,6 +285,10 @@ class RunConfig(ServerSettings, ClientConfig):
         self._check_dp()
         if not RUN_NAME.fullmatch(self.run_name):
             raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
+        if self.secure_aggregation != "off":
+            from .secure_aggregation import check_method  # local import: tenseal
+
+            check_method(self)
 
     def _check_dp(self) -> None:
         """dp settings this algorithm can honour, and none set while dp=off."""

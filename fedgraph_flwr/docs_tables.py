@@ -49,12 +49,29 @@ def description(algo: Algorithm) -> str:
 
 
 def privacy_cell(algo: Algorithm) -> str:
-    """The ``dp`` scopes the method honours, or why it refuses them."""
+    """The ``dp`` scopes the method honours (or why it refuses them) and whether its server
+    can mix encrypted weights (``secure-aggregation=ckks``)."""
     scopes = [s for s in DP_SCOPES[1:] if refusal(algo.trainer, algo.name, s) is None]
     if not scopes:
-        return "none: per-node arrays cannot carry noise"
-    why = "" if "signature" in scopes else " (no signature)"
-    return "dp: " + ", ".join(f"`{s}`" for s in scopes) + why
+        dp = "dp: none (per-node arrays cannot carry noise)"
+    else:
+        dp = "dp: " + ", ".join(f"`{s}`" for s in scopes) + (
+            "" if "signature" in scopes else " (no signature)")
+    if algo.aggregator.has_mixing_plan():
+        ckks = "ckks"
+    elif not sends_weights(algo):
+        ckks = "no weights to encrypt"
+    else:
+        ckks = "no ckks (server needs weights in the clear)"
+    return f"{dp}; {ckks}"
+
+
+def sends_weights(algo: Algorithm) -> bool:
+    """Whether the method's clients upload a model (Local does not)."""
+    from .config import resolve_config
+
+    config = resolve_config(None, {"algorithm": algo.name}).client_config()
+    return bool(algo.trainer.initial_arrays(8, 3, config))
 
 
 def _cell(text: str) -> str:

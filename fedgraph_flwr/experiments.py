@@ -201,8 +201,13 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
     from .engine.client_app import make_client_app
     from .engine.server_app import make_server_app
     from .engine.simulation import simulate
+    from .secure_aggregation import ensure_run_keys
 
     cfg = resolve_config(None, overrides)
+    keyed = ensure_run_keys(cfg)  # ckks: the run's key pair; the ServerApp loads its public half
+    if keyed is not cfg:
+        overrides = {**overrides, "ckks-secret-context": keyed.ckks_secret_context,
+                     "ckks-public-context": keyed.ckks_public_context}
     import torch
 
     gpus = 1.0 / cfg.num_clients if torch.cuda.is_available() else 0.0
@@ -218,7 +223,8 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
 NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose")
 # Engine keys that change how a run is served, not its numbers.
 NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
-                   "client-state", "client-state-dir", "max-array-bytes", "memory-limit")
+                   "client-state", "client-state-dir", "max-array-bytes", "memory-limit",
+                   "ckks-secret-context", "ckks-public-context")
 
 
 def saved_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ ENGINE = f"{PACKAGE}.engine"
 
 #: The server's side: a ServerApp process never needs the client's code.
 SERVER = {f"{ENGINE}.{m}" for m in (
-    "driver", "federation", "flower_transport", "server_app", "roster", "recorder",
+    "driver", "federation", "flower_transport", "server_app", "roster", "recorder", "ckks_mixing",
     "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport",
     "privacy_budget")}
 #: The client's side: a ClientApp process never needs the server's code.

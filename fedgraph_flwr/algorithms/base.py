@@ -132,6 +132,31 @@ class AggregateResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class MixingPlan:
+    """The train phase's mixing, as weights only: what ``aggregate`` computes, given
+    before any weight is seen (``secure-aggregation=ckks`` applies it to ciphertexts).
+
+    Client ``client_ids[i]`` receives, for every float array ``name`` it uploaded,
+    ``Σ_j matrices[g, i, j] · (client_ids[j]'s name)`` where ``g = groups.get(name, 0)``:
+    one matrix for the whole array, or an int array of the array's shape picking a
+    matrix per element (FedIIH's factor blocks). ``clear[c]`` are arrays sent to client
+    ``c`` beside its mixture, computed from signatures only (FedIIH's prior α̃).
+    ``diagnostics`` and ``metrics`` as in :class:`AggregateResult`.
+    """
+
+    client_ids: list[int]  # rows and columns of every matrix, sorted
+    matrices: np.ndarray  # [G, K, K] float64, each row sums to 1
+    groups: dict[str, int | np.ndarray] = field(default_factory=dict)
+    clear: dict[int, Arrays] = field(default_factory=dict)
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def group_of(self, name: str) -> int | np.ndarray:
+        """The matrix index of array ``name``: an int, or an int array of its shape."""
+        return self.groups.get(name, 0)
+
+
 class ClientTrainer(ABC):
     """Client side of an algorithm: local model(s), local training, evaluation.
 
@@ -223,6 +248,22 @@ class Aggregator(ABC):
     @abstractmethod
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """The train phase's step: combine this round's updates (keyed by logical client id)."""
+
+    def mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """The weights ``aggregate`` mixes with, from signatures and ``num_train`` only
+        (never ``update.arrays``, which are ciphertexts under ``secure-aggregation=ckks``).
+        Only methods whose payloads are such mixtures define it."""
+        raise NotImplementedError(f"{type(self).__name__} has no mixing plan")
+
+    @classmethod
+    def has_mixing_plan(cls) -> bool:
+        """Whether :meth:`mixing_plan` describes this class's own ``aggregate``: defined
+        by the class that defines ``aggregate``, or by one below it (a subclass that
+        overrides ``aggregate`` alone keeps no plan)."""
+        def owner(attr: str) -> type:
+            return next(k for k in cls.__mro__ if attr in vars(k))
+        plan_owner = owner("mixing_plan")
+        return plan_owner is not Aggregator and issubclass(plan_owner, owner("aggregate"))
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
         """A non-train phase's request to each of ``clients`` (default: nothing)."""

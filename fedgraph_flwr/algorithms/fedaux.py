@@ -39,7 +39,7 @@ from scipy.linalg import eigh
 
 from ..nn.apv_kernel import KERNEL_IMPLS, SCORE_MODES
 from ..nn.fedaux_net import APV_INITS, CLASSIFIER_INITS, HEADS, VARIANTS, FedAuxNet
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
 from .mixing import cosine_similarity, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer
@@ -163,18 +163,29 @@ class FedAuxAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Personalized models mixed by the softmax of APV similarities (Eqs. 7-8)."""
         ids = sorted(updates)
-        apvs = np.stack([self._apv_of(updates[c]) for c in ids])
+        plan = self._plan(ids, np.stack([self._apv_of(updates[c]) for c in ids]))
+        mixed = mix(plan.matrices[0], [updates[c].arrays for c in ids], self.mix_dtype)  # Eq. 8
+        payloads: dict[int, Arrays] = dict(zip(ids, mixed))
+        return AggregateResult(payloads=payloads, diagnostics=plan.diagnostics,
+                               metrics=plan.metrics)
+
+    def mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """Eq. 7's weights from the APVs the clients sent as signatures (the uploaded
+        APV is encrypted under ckks; the signature is the same float32 vector)."""
+        ids = sorted(updates)
+        apvs = [np.asarray(updates[c].signature[APV_KEY], dtype=np.float64).reshape(-1)
+                for c in ids]
+        return self._plan(ids, np.stack(apvs))
+
+    def _plan(self, ids: list[int], apvs: np.ndarray) -> MixingPlan:
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)
         if self.options.server == "personalized":
             weights = row_softmax(similarity, self.options.alpha)  # Eq. 7
         else:  # average
             weights = np.full((len(ids), len(ids)), 1.0 / len(ids))
-
-        mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype)  # Eq. 8
-        payloads: dict[int, Arrays] = dict(zip(ids, mixed))
         off_diagonal = similarity[~np.eye(len(ids), dtype=bool)]
-        return AggregateResult(
-            payloads=payloads,
+        return MixingPlan(
+            ids, weights[None],
             diagnostics={"similarity": similarity, "weights": weights},
             metrics={
                 "spectral_gap": spectral_gap(weights),

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..nn.gcn import GCN
 from ..nn.personal_gnn import PersonalGNN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
 from .mixing import average
 from .options import Options, option
 from .supervised import SupervisedTrainer
@@ -50,10 +50,8 @@ class GCNTrainer(SupervisedTrainer):
                            num_layers=config.num_layers, dropout=config.dropout)
 
 
-def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
-                     dtype: DTypeLike = np.float64) -> Arrays:
-    """The global model: every uploaded float array averaged over clients, by train-node
-    count or uniformly, in ``dtype``; non-float arrays stay with each client."""
+def client_weights(updates: dict[int, ClientUpdate], weighting: str) -> np.ndarray:
+    """w [K] over ``sorted(updates)``, summing to 1: ∝ training nodes, or 1/K."""
     ids = sorted(updates)
     if weighting == "train":
         w = np.array([updates[c].num_train for c in ids], dtype=np.float64)
@@ -61,7 +59,15 @@ def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
         w = np.ones(len(ids))
     else:
         raise ValueError(f"unknown fedavg-weighting {weighting!r}; valid: train, uniform")
-    return average(w / w.sum(), [updates[c].arrays for c in ids], dtype)
+    return w / w.sum()
+
+
+def weighted_average(updates: dict[int, ClientUpdate], weighting: str,
+                     dtype: DTypeLike = np.float64) -> Arrays:
+    """The global model: every uploaded float array averaged over clients, by train-node
+    count or uniformly, in ``dtype``; non-float arrays stay with each client."""
+    ids = sorted(updates)
+    return average(client_weights(updates, weighting), [updates[c].arrays for c in ids], dtype)
 
 
 class FedAvgAggregator(Aggregator):
@@ -73,6 +79,11 @@ class FedAvgAggregator(Aggregator):
         """One weighted average of the updates, sent to every client."""
         global_arrays = weighted_average(updates, self.weighting(), self.mix_dtype)
         return AggregateResult(payloads={c: global_arrays for c in updates})
+
+    def mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """Every client's row is the same sample weights: one global model."""
+        w = client_weights(updates, self.weighting())
+        return MixingPlan(sorted(updates), np.tile(w, (len(w), 1))[None])
 
     def weighting(self) -> str:
         """``fedavg-weighting``; the methods that reuse this server (FedProx, FedPer, APFL)

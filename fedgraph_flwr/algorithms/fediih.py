@@ -56,7 +56,7 @@ from ..nn.hvgae import (
     hvgae_loss,
     resolve_recon_method,
 )
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
 from .mixing import average, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
@@ -364,20 +364,9 @@ class FedIIHAggregator(Aggregator):
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Per-factor personalized mixing by the similarity of the clients' latent (μ, log σ²)."""
-        ids = sorted(updates)
-        mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
-        logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
-        num_clients, num_factors, d_k = mu.shape
-        tau = self.options.tau
-        if self.mix_dtype == np.float32:
-            # float32 mode: the pairwise JS in float32 too (its cost dominates), the
-            # softmax (still float64) with torch on every core.
-            similarity = factor_similarity_float32(mu, logvar)  # [K, M, M]
-            beta = torch.softmax(tau * torch.from_numpy(similarity), dim=-1).numpy()
-        else:
-            similarity = factor_similarity(mu, logvar)
-            beta = row_softmax(similarity, tau)
-        alpha = global_factor_means(mu).astype(np.float32)
+        ids, similarity, beta, alpha = self._factor_weights(updates)
+        num_clients, num_factors = len(ids), beta.shape[0]
+        d_k = updates[ids[0]].signature["mu"].shape[-1]
 
         uploads = [updates[c].arrays for c in ids]
         # Client m's factor-k block: Σ_j β^k_mj × client j's factor-k block.
@@ -401,14 +390,60 @@ class FedIIHAggregator(Aggregator):
                 **others,
                 PRIOR_KEY: alpha,
             }
+        return AggregateResult(payloads=payloads, diagnostics=self._diagnostics(similarity),
+                               metrics=self._metrics(similarity, beta, alpha))
+
+    def mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """Matrices β^0..β^{F-1} and a uniform one; each element of pca.weight, pca.bias
+        and clf.weight picks its factor's β, clf.bias (F ≥ 2) and any other array the
+        uniform mean; α̃ travels in the clear (it is computed from the signatures)."""
+        ids, similarity, beta, alpha = self._factor_weights(updates)
+        num_clients, num_factors = len(ids), beta.shape[0]
+        d_k = updates[ids[0]].signature["mu"].shape[-1]
+        uniform = np.full((1, num_clients, num_clients), 1.0 / num_clients)
+        factor_of = np.arange(num_factors * d_k) // d_k  # the factor of each pca row
+        pca_shape = self.initial["pca.weight"].shape
+        clf_shape = self.initial["clf.weight"].shape
+        groups: dict[str, int | np.ndarray] = {
+            "pca.weight": np.broadcast_to(factor_of[:, None], pca_shape).copy(),
+            "pca.bias": factor_of.copy(),
+            "clf.weight": np.broadcast_to(factor_of[None, :], clf_shape).copy(),
+            "clf.bias": 0 if num_factors == 1 else num_factors,
+        }
+        groups.update({n: num_factors for n in self.initial if n not in MODEL_KEYS})
+        return MixingPlan(ids, np.concatenate([beta, uniform]), groups,
+                          clear={c: {PRIOR_KEY: alpha} for c in ids},
+                          diagnostics=self._diagnostics(similarity),
+                          metrics=self._metrics(similarity, beta, alpha))
+
+    def _factor_weights(self, updates: dict[int, ClientUpdate]
+                        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """ids, per-factor similarity S [F, M, M], β = row-softmax(τ S), α̃ (float32)."""
+        ids = sorted(updates)
+        mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
+        logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
+        tau = self.options.tau
+        if self.mix_dtype == np.float32:
+            # float32 mode: the pairwise JS in float32 too (its cost dominates), the
+            # softmax (still float64) with torch on every core.
+            similarity = factor_similarity_float32(mu, logvar)  # [K, M, M]
+            beta = torch.softmax(tau * torch.from_numpy(similarity), dim=-1).numpy()
+        else:
+            similarity = factor_similarity(mu, logvar)
+            beta = row_softmax(similarity, tau)
+        return ids, similarity, beta, global_factor_means(mu).astype(np.float32)
+
+    @staticmethod
+    def _diagnostics(similarity: np.ndarray) -> dict[str, np.ndarray]:
+        return {f"similarity.{k}": similarity[k] for k in range(similarity.shape[0])}
+
+    @staticmethod
+    def _metrics(similarity: np.ndarray, beta: np.ndarray, alpha: np.ndarray) -> dict[str, float]:
+        num_factors, num_clients = beta.shape[0], beta.shape[1]
         off_diag = ~np.eye(num_clients, dtype=bool)
         metrics = {"alpha-norm": float(np.linalg.norm(alpha))}
         for k in range(num_factors):
             metrics[f"similarity-offdiag-mean.{k}"] = (
                 float(similarity[k][off_diag].mean()) if num_clients > 1 else 1.0)
             metrics[f"beta-self-mean.{k}"] = float(np.diag(beta[k]).mean())
-        return AggregateResult(
-            payloads=payloads,
-            diagnostics={f"similarity.{k}": similarity[k] for k in range(num_factors)},
-            metrics=metrics,
-        )
+        return metrics

@@ -47,15 +47,19 @@ from torch_geometric.data import Data
 from torch_geometric.utils import stochastic_blockmodel_graph
 
 from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
 from .mixing import cosine_similarity, mix, row_softmax
-from .options import Options, option
+from .options import ConfigError, Options, option
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
 
 MASK_KEY = "mask"
+# secure-aggregation=ckks: the functional embedding the client computes and sends as its
+# signature (as FED-PUB's own client does, ``transfer_to_server``), since the server
+# cannot run an encrypted model.
+EMBEDDING_KEY = "functional-embedding"
 CLASSIFIER_INITS = ("glorot", "xavier")
 
 
@@ -74,6 +78,14 @@ class FedPubOptions(Options, prefix="fedpub"):
                             "code's no-op")
     classifier_init: str = option("glorot", "glorot weight, zero bias | xavier: weight and [1, C] "
                                   "bias as FED-PUB's MaskedLinear", choices=CLASSIFIER_INITS)
+
+    def check_run(self, config: RunConfig) -> None:
+        """dp=signature protects the functional embedding only where the client sends it
+        (under ckks); otherwise the server computes it from weights in the clear."""
+        if config.dp == "signature" and config.secure_aggregation != "ckks":
+            raise ConfigError("dp=signature for algorithm=fedpub needs secure-aggregation=ckks: "
+                              "without it the server computes the functional embeddings from "
+                              "the weights in the clear; use dp=client")
 
 
 class MaskedGCN(nn.Module):
@@ -135,6 +147,22 @@ class FedPubTrainer(SupervisedTrainer):
     options_class = FedPubOptions
     options: FedPubOptions
     received: dict[str, torch.Tensor] | None = None
+    _proxy: tuple[MaskedGCN, Data] | None = None
+
+    def signature(self) -> Arrays:
+        """Under ``secure-aggregation=ckks`` the functional embedding [hidden] on the run's
+        proxy graph (FED-PUB's client computes it too); otherwise nothing (the server
+        computes it from the uploaded weights)."""
+        if self.config.secure_aggregation != "ckks":
+            return {}
+        if self._proxy is None:  # its own uncached model: the proxy graph is not the client's
+            num_features = int(self.data.num_features)
+            with torch.random.fork_rng(devices=[]):
+                model = build_masked_gcn(num_features, self.num_classes, self.config, cached=True)
+            self._proxy = model, proxy_graph(num_features, self.options, self.config.seed)
+        model, proxy = self._proxy
+        model.load_state_dict(self.model.state_dict())
+        return {EMBEDDING_KEY: functional_embedding(model, proxy).astype(np.float32)}
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> MaskedGCN:
@@ -183,6 +211,14 @@ class FedPubTrainer(SupervisedTrainer):
         return pruned / max(total, 1)
 
 
+@torch.no_grad()
+def functional_embedding(model: MaskedGCN, proxy: Data) -> np.ndarray:
+    """Mean over proxy nodes of ``model``'s last-conv output [hidden] (eval mode), float64."""
+    model.eval()
+    h = model(proxy.x, proxy.edge_index, embed=True)
+    return h.mean(dim=0).double().cpu().numpy()
+
+
 def proxy_graph(num_features: int, options: FedPubOptions, seed: int) -> Data:
     """FED-PUB's random proxy graph, a pure function of (seed, sizes, feature width).
 
@@ -219,23 +255,32 @@ class FedPubAggregator(Aggregator):
     def functional_embedding(self, arrays: Arrays) -> np.ndarray:
         """Mean over proxy nodes of the client model's last-conv output [hidden] (eval mode)."""
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-        self.model.eval()
-        h = self.model(self.proxy.x, self.proxy.edge_index, embed=True)
-        return h.mean(dim=0).double().numpy()
+        return functional_embedding(self.model, self.proxy)
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Personalized models mixed by the softmax of functional-embedding similarities."""
         ids = sorted(updates)
-        tau = self.options.tau
-        emb = np.stack([self.functional_embedding(updates[c].arrays) for c in ids])
+        plan = self._plan(ids, np.stack([self.functional_embedding(updates[c].arrays)
+                                         for c in ids]))
+        mixed = mix(plan.matrices[0], [updates[c].arrays for c in ids], self.mix_dtype,
+                    rowwise=True)
+        return AggregateResult(payloads=dict(zip(ids, mixed)), diagnostics=plan.diagnostics,
+                               metrics=plan.metrics)
+
+    def mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """The same weights from the embeddings the clients computed on the same proxy
+        graph and sent as signatures (float32 there: the weights agree to ~1e-7)."""
+        ids = sorted(updates)
+        return self._plan(ids, np.stack([np.asarray(updates[c].signature[EMBEDDING_KEY],
+                                                    dtype=np.float64) for c in ids]))
+
+    def _plan(self, ids: list[int], emb: np.ndarray) -> MixingPlan:
         # Unclipped, one product per client: FED-PUB's order before mixing.py, same bits.
         sim = cosine_similarity(emb, clip=False)
-        weights = row_softmax(sim, tau)
-        mixed = mix(weights, [updates[c].arrays for c in ids], self.mix_dtype, rowwise=True)
-        payloads = dict(zip(ids, mixed))
+        weights = row_softmax(sim, self.options.tau)
         off_diag = sim[~np.eye(len(ids), dtype=bool)]
-        return AggregateResult(
-            payloads=payloads,
+        return MixingPlan(
+            ids, weights[None],
             diagnostics={"similarity": sim, "mixing": weights},
             metrics={"mean-similarity": float(off_diag.mean()) if off_diag.size else 1.0,
                      "mean-self-weight": float(np.diag(weights).mean())},

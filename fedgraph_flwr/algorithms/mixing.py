@@ -8,6 +8,8 @@ in the order of the weights' rows and columns.
 - :func:`row_softmax`: W = softmax(scale · S) along the last axis.
 - :func:`mix`: personalized mixing, client k gets Σ_l W_kl · (client l's arrays).
 - :func:`average`: one global model, Σ_l w_l · (client l's arrays) (FedAvg).
+- :func:`apply_plan`: an aggregator's :class:`~.base.MixingPlan` applied in the clear
+  (what ``secure-aggregation=ckks`` computes on ciphertexts; tests compare the two).
 
 Floating arrays are mixed in ``dtype`` (``server-mix-dtype``: float64, or float32 for
 speed) and returned in their upload's dtype. Non-float arrays (counters, integer or
@@ -24,9 +26,13 @@ and ``weights=None``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import DTypeLike
+
+if TYPE_CHECKING:
+    from .base import MixingPlan
 
 Arrays = dict[str, np.ndarray]
 
@@ -113,6 +119,30 @@ def average(weights: np.ndarray | None, per_client: Sequence[Arrays],
         def combine(stacked: np.ndarray) -> np.ndarray:
             return np.tensordot(w, stacked, axes=1)
     return _mix_floats(per_client, dtype, combine)
+
+
+def apply_plan(plan: MixingPlan, per_client: Sequence[Arrays], dtype: DTypeLike = np.float64
+               ) -> list[Arrays]:
+    """``plan`` on plaintext uploads (in ``plan.client_ids``' order): client k's float
+    arrays mixed with their group's matrix (per element where the group is an array),
+    plus ``plan.clear``; non-float arrays are left out (each client keeps its own)."""
+    out: list[Arrays] = [{} for _ in per_client]
+    for name, first in per_client[0].items():
+        if not _is_mixed(first):
+            continue
+        group = plan.group_of(name)
+        groups = [int(group)] if np.ndim(group) == 0 else sorted(set(np.unique(group).tolist()))
+        for g in groups:
+            mixed = mix(plan.matrices[g], [{name: a[name]} for a in per_client], dtype)
+            for k, arrays in enumerate(mixed):
+                if np.ndim(group) == 0:
+                    out[k][name] = arrays[name]
+                else:
+                    target = out[k].setdefault(name, np.zeros_like(first))
+                    target[group == g] = arrays[name][group == g]
+    for k, cid in enumerate(plan.client_ids):
+        out[k].update(plan.clear.get(cid, {}))
+    return out
 
 
 def _is_mixed(array: np.ndarray) -> bool:

@@ -19,7 +19,8 @@ from . import state_codec
 RESUMABLE_CHANGES = frozenset({
     "rounds", "resume", "fail-fast", "round-timeout", "handshake-timeout", "min-clients",
     "verbose", "output-dir", "data-root", "partition-dir", "config-file", "client-state",
-    "client-state-dir", "max-array-bytes", "memory-limit",
+    "client-state-dir", "max-array-bytes", "memory-limit", "ckks-secret-context",
+    "ckks-public-context",
 })
 
 

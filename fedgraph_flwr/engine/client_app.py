@@ -96,7 +96,8 @@ def state_store(config: ClientConfig, context: Context) -> rt.StateStore:
 def handshake(message: Message, context: Context) -> Message:
     """Load (and validate) the subgraph; report scalar facts about it."""
     try:
-        _, identity, data, num_classes = _identity_and_data(message, context)
+        config, identity, data, num_classes = _identity_and_data(message, context)
+        rt.check_client_keys(config)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
         return _data_error_reply(message, exc)
     info = rt.describe(data, num_classes, identity, rt.pick_device())

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from .. import secure_aggregation as secure
 from ..algorithms import get_algorithm
 from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
@@ -189,6 +190,13 @@ def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:
         if candidate.is_file():
             return candidate
     raise ClientDataError(f"{folder}: no client_{partition_id}.npz or client_{partition_id}.pt")
+
+
+def check_client_keys(config: ClientSettings) -> None:
+    """secure-aggregation=ckks: this client's secret context loads (at the handshake, so a
+    missing key stops the run before any client trains); one line if not."""
+    if config.secure_aggregation == "ckks":
+        secure.load_secret_context(config)
 
 
 def describe(data: Data, num_classes: int, identity: ClientIdentity, device: torch.device) -> dict[str, Any]:
@@ -495,11 +503,24 @@ def handle_phase(config: ClientConfig, phase: Phase, arrays: Arrays, data: Data,
     and after (what the phase left: the next one would start from it); returns the
     phase's output and the reply's metrics."""
     check_memory(config)
+    secret = None
+    if config.secure_aggregation == "ckks" and phase.name == TRAIN:
+        t0 = time.perf_counter()
+        secret = secure.load_secret_context(config)
+        arrays = secure.decrypt_arrays(arrays, secret, upload_schema(config, data, num_classes))
+        decrypt = time.perf_counter() - t0
     out = store.run(data, num_classes, config, phase, arrays, partition_id, device)
+    keyed = None
+    if config.dp != "off":  # noise first: what gets encrypted is already private
+        keyed = privatize_reply(out, config, phase, arrays, partition_id)
+    if secret is not None:  # ckks: only ciphertexts of the trained weights leave the client
+        t0 = time.perf_counter()
+        out.upload = secure.encrypt_arrays(out.upload, secret)
+        out.timings.update({"time-decrypt": decrypt, "time-encrypt": time.perf_counter() - t0})
     check_memory(config)
     metrics = {**out.metrics, **out.timings, "partition-id": partition_id}
-    if config.dp != "off":
-        metrics["dp-noise-keyed"] = float(privatize_reply(out, config, phase, arrays, partition_id))
+    if keyed is not None:
+        metrics["dp-noise-keyed"] = float(keyed)
     if store.keeps_bytes:
         metrics["state-bytes"] = len(out.state)
     metrics["mem-peak-rss-mib"] = peak_rss_mib()
@@ -521,6 +542,20 @@ def privatize_reply(out: RoundOutput, config: ClientConfig, phase: Phase, reques
         cover_upload=privacy_scope.covers_upload(config.dp, phase),
         seed_words=(config.seed, partition_id, config.server_round, place, *key))
     return bool(key)
+
+
+_SCHEMA_CACHE: dict[tuple, Arrays] = {}
+
+
+def upload_schema(config: ClientConfig, data: Data, num_classes: int) -> Arrays:
+    """The arrays a train upload holds (the algorithm's initial model: names, shapes,
+    dtypes), to shape a decrypted payload; built once per config, off the run's RNG."""
+    key = (config.without_round_facts(), int(data.num_features), int(num_classes))
+    if key not in _SCHEMA_CACHE:
+        with torch.random.fork_rng(devices=[]):
+            _SCHEMA_CACHE[key] = get_algorithm(config.algorithm).trainer.initial_arrays(
+                int(data.num_features), int(num_classes), config)
+    return _SCHEMA_CACHE[key]
 
 
 def run_phase(trainer, config: ClientConfig, phase: Phase, arrays: Arrays, server_round: int,

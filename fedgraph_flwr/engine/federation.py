@@ -21,6 +21,8 @@ import numpy as np
 from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
 from ..config import ClientConfig, RunConfig
+from ..secure_aggregation import check_method, load_public_context, public_context_path
+from .ckks_mixing import CiphertextMixer
 from .ledger import ClientStateLedger
 from .privacy_budget import PrivacyBudget
 from .recorder import RoundLog
@@ -58,12 +60,22 @@ class Federation:
                                                         self.config.client_config())
         self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
         self.payloads: dict[int, Arrays] = {}
-        self.validator = ReplyValidator(self.initial, self.config.max_array_bytes, log)
+        self.mixer = self._ciphertext_mixer()
+        self.validator = ReplyValidator(self.initial, self.config.max_array_bytes, log,
+                                        self.mixer.check if self.mixer else None)
         self.ledger = ClientStateLedger(self.config)
         self.record = RunRecorder(self.config, self.roster.facts, self.num_features,
                                   self.num_classes, write_report)
         if self.privacy is not None:
             self.record.privacy_summary = self.privacy_summary
+
+    def _ciphertext_mixer(self) -> CiphertextMixer | None:
+        """secure-aggregation=ckks: the public context (never a secret one) and the mixer."""
+        if self.config.secure_aggregation != "ckks":
+            return None
+        check_method(self.config)
+        return CiphertextMixer(load_public_context(public_context_path(self.config)),
+                               self.initial)
 
     @property
     def rounds(self) -> list[RoundLog]:
@@ -205,7 +217,12 @@ class Federation:
     def _aggregate(self, record: RoundLog, server_round: int,
                    updates: dict[int, ClientUpdate]) -> None:
         t0 = time.perf_counter()
-        result = self.aggregator.aggregate(server_round, updates)
+        if self.mixer is not None:  # ckks: the weights in the clear, the models encrypted
+            plan = self.aggregator.mixing_plan(server_round, updates)
+            result = AggregateResult(self.mixer.mix(plan, updates), plan.diagnostics,
+                                     plan.metrics)
+        else:
+            result = self.aggregator.aggregate(server_round, updates)
         record.times["aggregate"] = time.perf_counter() - t0
         self.payloads.update(result.payloads)
         self._record_result(record, result, sorted(updates), server_round)

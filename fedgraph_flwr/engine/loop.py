@@ -14,6 +14,7 @@ from typing import Any
 
 from ..algorithms.base import Phase
 from ..config import RunConfig, resolve_config
+from ..secure_aggregation import ensure_run_keys
 from . import client_runtime as rt
 from .driver import RoundDriver
 from .recorder import nbytes
@@ -38,6 +39,7 @@ class InProcessTransport(Transport):
         """Load every client's data here; return each one's handshake facts."""
         k = config.num_clients
         client = config.client_config()
+        rt.check_client_keys(client)
         roster = {}
         for cid in range(k):
             identity = rt.identify({"partition-id": cid, "num-partitions": k}, client)
@@ -75,7 +77,9 @@ def run_federation(
     """Run a whole federation in-process; return the results dict (and write files)."""
     from ..report import write_run_report
 
-    config = resolve_config(None, overrides)
+    # ckks: this process stands for every data owner, so it makes the run's key pair (the
+    # server side still loads only the public half).
+    config = ensure_run_keys(resolve_config(None, overrides))
     driver = RoundDriver(config, InProcessTransport(), log=log, write=write,
                          write_report=write_run_report)
     return driver.run().results()

@@ -23,8 +23,12 @@ class ReplyValidator:
     """The checks of one run: the initial model's schema and the signatures' shapes."""
 
     def __init__(self, initial: Arrays, max_array_bytes: int,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print,
+                 ciphertexts: Callable[[Arrays], str | None] | None = None) -> None:
         self.schema = {k: (v.shape, v.dtype) for k, v in initial.items()}
+        # secure-aggregation=ckks: a train upload is checked as ciphertexts instead
+        # (engine/ckks_mixing.py, CiphertextMixer.check).
+        self.ciphertexts = ciphertexts
         self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.max_array_bytes = max_array_bytes
         self.log = log
@@ -32,18 +36,12 @@ class ReplyValidator:
     def check(self, reply: ClientReply, phase: str = "train") -> str | None:
         """Why a reply must be rejected, or None. Guards the aggregate against poison."""
         upload = reply.upload
-        limit = self.max_array_bytes
-        if phase == "train" and set(upload) != set(self.schema):
-            missing = sorted(set(self.schema) - set(upload))
-            extra = sorted(set(upload) - set(self.schema))
-            return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
-        for name, arr in upload.items():
-            if phase == "train" and arr.shape != self.schema[name][0]:
-                return f"array {name!r} has shape {arr.shape}, expected {self.schema[name][0]}"
-            if arr.nbytes > limit:
-                return f"array {name!r} is {arr.nbytes} bytes, over max-array-bytes={limit}"
-            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-                return f"array {name!r} holds NaN or Inf"
+        if phase == "train" and self.ciphertexts is not None:
+            reason = self._check_ciphertexts(upload)
+        else:
+            reason = self._check_arrays(upload, phase)
+        if reason is not None:
+            return reason
         for name, arr in reply.signature.items():
             if not np.isfinite(arr).all():
                 return f"signature {name!r} holds NaN or Inf"
@@ -58,6 +56,30 @@ class ReplyValidator:
                 return (f"metrics {missing[:4]} missing (every train reply carries the "
                         f"engine's metric contract, engine/protocols.py)")
         return None
+
+    def _check_arrays(self, upload: Arrays, phase: str) -> str | None:
+        """The plaintext schema (train), size and finiteness of every array."""
+        limit = self.max_array_bytes
+        if phase == "train" and set(upload) != set(self.schema):
+            missing = sorted(set(self.schema) - set(upload))
+            extra = sorted(set(upload) - set(self.schema))
+            return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
+        for name, arr in upload.items():
+            if phase == "train" and arr.shape != self.schema[name][0]:
+                return f"array {name!r} has shape {arr.shape}, expected {self.schema[name][0]}"
+            if arr.nbytes > limit:
+                return f"array {name!r} is {arr.nbytes} bytes, over max-array-bytes={limit}"
+            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                return f"array {name!r} holds NaN or Inf"
+        return None
+
+    def _check_ciphertexts(self, upload: Arrays) -> str | None:
+        """ckks: each chunk bounded, then the mixer's check (names, sizes, that they load)."""
+        for name, arr in upload.items():
+            if arr.nbytes > self.max_array_bytes:
+                return (f"array {name!r} is {arr.nbytes} bytes, over "
+                        f"max-array-bytes={self.max_array_bytes}")
+        return self.ciphertexts(upload) if self.ciphertexts else None
 
     def valid_updates(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
                       failures: dict[int, str]) -> dict[int, ClientUpdate]:
