@@ -77,6 +77,7 @@ class Received:
     sent: Arrays
     upload: Arrays
     signature: Arrays
+    metrics: dict[str, float]  # kept for context (the models' accuracy); no attack reads them
 
 
 class RecordingTransport:
@@ -121,6 +122,7 @@ class RecordingTransport:
                 sent={k: np.array(v) for k, v in request.arrays.items() if keep(v)},
                 upload={k: np.array(v) for k, v in reply.upload.items() if keep(v)},
                 signature={k: np.array(v) for k, v in reply.signature.items()},
+                metrics=dict(reply.metrics),
             )
             if phase.name == "train":
                 self.configs[cid] = request.config
@@ -315,7 +317,10 @@ def membership_attack(transport: RecordingTransport, num_classes: int) -> dict[s
         data = transport.data[cid]
         trainer = rt.restore_trainer(data, num_classes, transport.configs[cid], None,
                                      transport.device, cid)
-        loss = node_losses(reconstructed_logits(trainer, rec.upload).cpu(), trainer.data.y.cpu())
+        logits = reconstructed_logits(trainer, rec.upload).cpu()
+        y = trainer.data.y.cpu()
+        loss = node_losses(logits, y)
+        hit = ((logits[:, 0] > 0).long() if logits.size(1) == 1 else logits.argmax(1)) == y
         train, test = data.train_mask.cpu().numpy(), data.test_mask.cpu().numpy()
         pos, neg = -loss[train], -loss[test]
         pooled_pos.append(pos)
@@ -323,7 +328,10 @@ def membership_attack(transport: RecordingTransport, num_classes: int) -> dict[s
         per_client.append({"client": cid, "auc": round(roc_auc(pos, neg), 4),
                            "members": int(train.sum()), "non_members": int(test.sum()),
                            "member_loss": round(float(loss[train].mean()), 4),
-                           "non_member_loss": round(float(loss[test].mean()), 4)})
+                           "non_member_loss": round(float(loss[test].mean()), 4),
+                           "member_accuracy": round(float(hit[train].float().mean()), 4),
+                           "non_member_accuracy": round(float(hit[test].float().mean()), 4),
+                           "reported_test_metric": round(rec.metrics.get("test_metric", np.nan), 4)})
     aucs = [c["auc"] for c in per_client]
     return {"auc_mean": float(np.nanmean(aucs)) if aucs else float("nan"),
             "auc_pooled": roc_auc(np.concatenate(pooled_pos), np.concatenate(pooled_neg))
@@ -418,14 +426,16 @@ def setting_title(setting: str, epsilon: float) -> str:
     return "DP off" if setting == "off" else f"DP {setting}, ε={epsilon:g}"
 
 
-def table(out: Path, methods: Sequence[str], settings: Sequence[str], epsilon: float,
-          command: str) -> str:
-    """The markdown block (markers included) from the JSONs under ``out``."""
+def table(out: Path, methods: Sequence[str], settings: Sequence[str], epsilon: float) -> str:
+    """The markdown block (markers included) from the JSONs under ``out``, headed by the
+    command(s) that wrote them."""
+    commands = sorted({json.loads(p.read_text()).get("command", "?") for m in methods
+                       for s in settings if (p := result_path(out, m, s, epsilon)).exists()})
     head = ["method"]
     for s in settings:
         t = setting_title(s, epsilon)
         head += [f"{t}: label dist. TV (prior guess)", f"{t}: membership AUC (pooled)"]
-    lines = [DOC_BEGIN, "", f"`{command}`", "",
+    lines = [DOC_BEGIN, "", *(f"`{c}`" for c in commands), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in methods:
         cells = [m]
@@ -440,8 +450,42 @@ def table(out: Path, methods: Sequence[str], settings: Sequence[str], epsilon: f
             cells += [f"{lab['tv']:.3f} ({lab['prior_tv']:.3f})",
                       f"{mia['auc_mean']:.3f} ({mia['auc_pooled']:.3f})"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "By feature group (mean TV over the target's clients; signature-only: the "
+              "signature's arrays alone; direct read: a signature array that is already a "
+              "distribution, taken as the guess) and, for the membership attack, the "
+              "reconstructed model's mean loss and accuracy on members (train nodes) and "
+              "non-members (test nodes), per client then averaged, the clients' own reported "
+              "test accuracy, and the AUC's range over clients:", "",
+              "| method | setting | all features | weights only | signature only | direct read "
+              "| prior guess | loss: members / non-members | accuracy: members / non-members "
+              "| reported test acc. | AUC per client |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        for s in settings:
+            path = result_path(out, m, s, epsilon)
+            if not path.exists():
+                continue
+            r = json.loads(path.read_text())
+            lab = r["label_distribution"]
+            per = r["membership"]["per_client"]
+
+            def tv(group: str, lab: dict = lab) -> str:
+                return f"{lab[group]['tv']:.3f}" if group in lab else "–"
+
+            direct = ", ".join(f"{v:.3f} ({k})" for k, v in r.get("direct_read", {}).items()) or "–"
+            aucs = [c["auc"] for c in per]
+            lines.append(
+                f"| {m} | {setting_title(s, epsilon)} | {tv('all')} | {tv('weights')} | "
+                f"{tv('signature')} | {direct} | {lab['all']['prior_tv']:.3f} | "
+                f"{mean_of(per, 'member_loss'):.3f} / {mean_of(per, 'non_member_loss'):.3f} | "
+                f"{mean_of(per, 'member_accuracy'):.3f} / {mean_of(per, 'non_member_accuracy'):.3f} | "
+                f"{mean_of(per, 'reported_test_metric'):.3f} | {min(aucs):.3f}–{max(aucs):.3f} |")
     lines += ["", DOC_END]
     return "\n".join(lines)
+
+
+def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float:
+    return float(np.mean([r.get(key, np.nan) for r in rows]))
 
 
 def result_path(out: Path, method: str, setting: str, epsilon: float) -> Path:
@@ -508,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{method} {setting}: label TV {lab['tv']:.3f} (prior {lab['prior_tv']:.3f}), "
                       f"membership AUC {mia['auc_mean']:.3f} (pooled {mia['auc_pooled']:.3f}), "
                       f"{result['seconds']:.0f} s -> {path}")
-    write_doc(args.doc, table(args.out, args.methods, args.settings, args.dp_epsilon, command))
+    write_doc(args.doc, table(args.out, args.methods, args.settings, args.dp_epsilon))
     print(f"wrote {args.doc}")
     return 0
 

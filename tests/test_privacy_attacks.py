@@ -76,7 +76,7 @@ def test_label_features_per_class_rows_deltas_and_signature():
         sent={"clf.weight": np.zeros((c, 2)), "clf.bias": np.zeros(c)},
         upload={"clf.weight": np.array([[3.0, 4.0], [0.0, 1.0], [0.0, 0.0]]),
                 "clf.bias": np.array([1.0, 2.0, 3.0]), "conv.weight": np.ones((5, 2))},
-        signature={"s": np.array([[0.5, -0.5]])})
+        signature={"s": np.array([[0.5, -0.5]])}, metrics={})
     feats = pa.label_features([("train", rec)], c)
     # norms, norms of the change, bias, bias change (sorted by name: bias before weight)
     np.testing.assert_allclose(feats["weights"], [1, 2, 3, 1, 2, 3, 5, 1, 0, 5, 1, 0])
