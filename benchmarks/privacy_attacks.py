@@ -1,0 +1,561 @@
+"""A curious server, measured: what it infers from exactly what it receives (issue #56 item 3).
+
+    OMP_NUM_THREADS=1 python benchmarks/privacy_attacks.py --data-root DATA --out OUT \
+        [--methods fedavg fedpub fedaux fediih fedspray] [--settings off signature client] \
+        [--rounds 20] [--seed 0] [--dp-epsilon 4] [--doc docs/results/privacy-attacks.md]
+
+Each (method, DP setting) runs the target federation (``--dataset``, ``--num-clients``,
+METIS, the method's defaults) in process through :class:`RecordingTransport`, which keeps
+what the server receives: every reply's upload and signature, in every phase of every
+round (and what the server itself sent). The attacks read only those records, and the
+shadow federations' own:
+
+(a) **Label distribution.** The attacker trains SHADOW federations of the same method and
+    settings on other partitions of the same dataset (METIS with other client counts,
+    Louvain with two seeds: never the target's node sets), whose clients' label
+    distributions it knows, and fits a ridge regression from one fixed feature vector per
+    client (:func:`label_features`: per-class rows of the uploaded weights, their change
+    against what the server sent, and the signature's arrays, flattened) to the client's
+    label distribution (over all its nodes). Applied to the target's last-round replies;
+    the error is the mean total-variation distance to the truth, against guessing the
+    dataset's label prior for every client.
+(b) **Membership** (loss threshold, Yeom et al. 2018). The client's last uploaded arrays
+    are loaded into the method's own trainer built on the client's subgraph
+    (:func:`reconstructed_logits`), and each training node (member) and test node
+    (non-member) is scored by minus its cross-entropy; the ROC AUC of that score
+    (0.5 = chance) per client, averaged, and pooled over all clients' nodes.
+
+Results: one JSON per (method, setting) under ``--out`` (an existing one is skipped: the
+runs resume), and the table between the markers of ``--doc``. DP settings the installed
+version has no ``dp`` config key for are reported as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# The project's modules are imported where used: the attacks' maths (tests/test_privacy_attacks.py)
+# need only numpy and torch.
+Arrays = dict[str, np.ndarray]
+
+METHODS = ("fedavg", "fedpub", "fedaux", "fediih", "fedspray")
+SETTINGS = ("off", "signature", "client")
+#: The shadow federations (partitions the attacker trains itself), as run-config overrides;
+#: none has the target's node sets (METIS with 10 clients).
+SHADOWS: tuple[dict[str, Any], ...] = (
+    {"partition": "metis", "num-clients": 5},
+    {"partition": "metis", "num-clients": 15},
+    {"partition": "metis", "num-clients": 20},
+    {"partition": "louvain", "num-clients": 10, "partition-seed": 1234},
+    {"partition": "louvain", "num-clients": 10, "partition-seed": 7},
+)
+#: Arrays of at most this many elements are kept for every round; larger ones only for
+#: the last round (what the attacks read), so that a run's record stays small.
+SMALL = 65_536
+RIDGE_ALPHAS = tuple(10.0 ** k for k in range(-2, 5))
+DOC_BEGIN = "<!-- privacy-attacks table: begin -->"
+DOC_END = "<!-- privacy-attacks table: end -->"
+
+
+# --- what the server receives ---------------------------------------------------------------
+@dataclass
+class Received:
+    """One client's exchange in one phase of one round, as the server saw it."""
+
+    sent: Arrays
+    upload: Arrays
+    signature: Arrays
+    metrics: dict[str, float]  # kept for context (the models' accuracy); no attack reads them
+
+
+class RecordingTransport:
+    """A transport (:class:`~fedgraph_flwr.engine.transport.Transport`'s methods) that
+    hands everything to ``inner`` (default: the in-process transport) and records every
+    reply, and what was sent, per round, phase and client. ``last_round``: the round whose
+    arrays are all kept; earlier rounds keep the arrays of at most :data:`SMALL` elements."""
+
+    def __init__(self, last_round: int, inner: Any = None) -> None:
+        if inner is None:
+            from fedgraph_flwr.engine.loop import InProcessTransport
+
+            inner = InProcessTransport()
+        self.inner = inner
+        self.last_round = last_round
+        self.records: dict[tuple[int, str, int], Received] = {}
+        self.configs: dict[int, Any] = {}  # each client's last train-phase ClientConfig
+
+    @property
+    def data(self) -> dict[int, Any]:
+        """Each client's subgraph (the in-process transport's; the membership attack's
+        candidate nodes)."""
+        return self.inner.data
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    def connect(self, config: Any) -> dict[int, dict[str, Any]]:
+        return self.inner.connect(config)
+
+    def refresh(self, config: Any, deadline: float | None = None) -> None:
+        self.inner.refresh(config, deadline)
+
+    def exchange(self, phase: Any, requests: dict[int, Any], timeout: float) -> Any:
+        out = self.inner.exchange(phase, requests, timeout)
+        for cid, reply in out.replies.items():
+            request = requests[cid]
+            rnd = request.config.server_round
+            keep = (lambda a: True) if rnd == self.last_round else (lambda a: a.size <= SMALL)
+            self.records[(rnd, phase.name, cid)] = Received(
+                sent={k: np.array(v) for k, v in request.arrays.items() if keep(v)},
+                upload={k: np.array(v) for k, v in reply.upload.items() if keep(v)},
+                signature={k: np.array(v) for k, v in reply.signature.items()},
+                metrics=dict(reply.metrics),
+            )
+            if phase.name == "train":
+                self.configs[cid] = request.config
+        return out
+
+    def label_distribution(self, cid: int, num_classes: int) -> np.ndarray:
+        """Client ``cid``'s label distribution over all its nodes (the attack's target)."""
+        y = self.data[cid].y.cpu().numpy()
+        return np.bincount(y, minlength=num_classes)[:num_classes] / max(len(y), 1)
+
+
+def run_recorded(overrides: Mapping[str, Any]) -> tuple[RecordingTransport, Any]:
+    """One federation in process, nothing written; its recording transport and config."""
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.driver import RoundDriver
+
+    config = resolve_config(None, overrides)
+    transport = RecordingTransport(last_round=config.rounds)
+    RoundDriver(config, transport, write=False).run()
+    return transport, config
+
+
+# --- (a) label distribution ---------------------------------------------------------------------
+def label_features(received: Sequence[tuple[str, Received]], num_classes: int
+                   ) -> dict[str, np.ndarray]:
+    """One client's feature groups from its replies in one round (``(phase, Received)``).
+
+    ``weights``: for every uploaded array with one row per class ([C, d]: a classifier),
+    its rows' L2 norms and the norms of their change against what the server sent; for
+    every [C] array (a bias), its values and their change. ``signature``: every signature
+    array, and every non-train phase's upload, flattened (sorted by phase and name)."""
+    weights: list[np.ndarray] = []
+    signature: list[np.ndarray] = []
+    for phase, rec in sorted(received, key=lambda pr: pr[0]):
+        for name in sorted(rec.upload):
+            value = np.asarray(rec.upload[name], dtype=np.float64)
+            sent = rec.sent.get(name)
+            delta = value - sent if sent is not None and np.shape(sent) == value.shape else None
+            if phase == "train" and value.ndim == 2 and value.shape[0] == num_classes:
+                weights.append(np.linalg.norm(value, axis=1))
+                if delta is not None:
+                    weights.append(np.linalg.norm(delta, axis=1))
+            elif phase == "train" and value.shape == (num_classes,):
+                weights.append(value)
+                if delta is not None:
+                    weights.append(delta)
+            elif phase != "train":
+                signature.append(value.ravel())
+        for name in sorted(rec.signature):
+            signature.append(np.asarray(rec.signature[name], dtype=np.float64).ravel())
+    out = {"weights": np.concatenate(weights) if weights else np.zeros(0)}
+    out["signature"] = np.concatenate(signature) if signature else np.zeros(0)
+    out["all"] = np.concatenate([out["weights"], out["signature"]])
+    return out
+
+
+def fit_ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, ...]:
+    """Ridge regression of ``y`` [n, C] on standardised ``x`` [n, d] (dual form:
+    n is small, d may be large); returns (mean, scale, weights [d, C], intercept [C])."""
+    mean = x.mean(0)
+    scale = x.std(0)
+    scale[scale < 1e-12] = 1.0
+    z = (x - mean) / scale
+    y_mean = y.mean(0)
+    gram = z @ z.T
+    dual = np.linalg.solve(gram + alpha * np.eye(len(z)), y - y_mean)
+    return mean, scale, z.T @ dual, y_mean
+
+
+def predict_ridge(model: tuple[np.ndarray, ...], x: np.ndarray) -> np.ndarray:
+    """The fitted map, projected onto distributions (clipped at 0, rows renormalised)."""
+    mean, scale, w, b = model
+    raw = ((x - mean) / scale) @ w + b
+    raw = np.clip(raw, 0.0, None)
+    sums = raw.sum(1, keepdims=True)
+    uniform = np.full_like(raw, 1.0 / raw.shape[1])
+    return np.where(sums > 0, raw / np.where(sums > 0, sums, 1.0), uniform)
+
+
+def total_variation(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Row-wise total-variation distance, ½ Σ |p − q|."""
+    return 0.5 * np.abs(np.asarray(p) - np.asarray(q)).sum(-1)
+
+
+def pick_alpha(x: np.ndarray, y: np.ndarray, groups: np.ndarray,
+               alphas: Sequence[float] = RIDGE_ALPHAS) -> float:
+    """The ridge penalty of least mean total variation, leaving out one group (one shadow
+    federation) at a time; the smallest on ties. One group: the middle of the grid."""
+    ids = np.unique(groups)
+    if len(ids) < 2:
+        return float(alphas[len(alphas) // 2])
+    errors = []
+    for alpha in alphas:
+        err = [total_variation(predict_ridge(fit_ridge(x[groups != g], y[groups != g], alpha),
+                                             x[groups == g]), y[groups == g]).mean() for g in ids]
+        errors.append(float(np.mean(err)))
+    return float(alphas[int(np.argmin(errors))])
+
+
+def label_attack(x_shadow: np.ndarray, y_shadow: np.ndarray, groups: np.ndarray,
+                 x_target: np.ndarray, y_target: np.ndarray, prior: np.ndarray) -> dict[str, Any]:
+    """Fit on the shadow clients, predict the target's; errors against the prior guess."""
+    alpha = pick_alpha(x_shadow, y_shadow, groups)
+    pred = predict_ridge(fit_ridge(x_shadow, y_shadow, alpha), x_target)
+    err = total_variation(pred, y_target)
+    base = total_variation(np.broadcast_to(prior, y_target.shape), y_target)
+    return {"alpha": alpha, "tv": float(err.mean()), "prior_tv": float(base.mean()),
+            "tv_per_client": [round(float(e), 4) for e in err],
+            "prior_tv_per_client": [round(float(e), 4) for e in base],
+            "predicted": np.round(pred, 4).tolist()}
+
+
+def direct_reads(transport: RecordingTransport, num_classes: int, truth: np.ndarray
+                 ) -> dict[str, float]:
+    """Signature arrays that already are a distribution over the classes ([C], >= 0,
+    summing to 1: FedSpray's ``class_ratios``, its training labels' shares), read as the
+    prediction with no attack at all: their mean total variation to the truth, by name."""
+    rnd, out = transport.last_round, {}
+    clients = [c for c in sorted(transport.data) if (rnd, "train", c) in transport.records]
+    for name, value in transport.records[(rnd, "train", clients[0])].signature.items():
+        if value.shape != (num_classes,) or value.min() < 0 or abs(value.sum() - 1) > 1e-4:
+            continue
+        read = np.stack([transport.records[(rnd, "train", c)].signature[name] for c in clients])
+        out[name] = float(total_variation(read, truth).mean())
+    return out
+
+
+# --- (b) membership -------------------------------------------------------------------------
+def roc_auc(positive: np.ndarray, negative: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties counting ½ (Mann-Whitney)."""
+    pos = np.asarray(positive, dtype=np.float64).ravel()
+    neg = np.asarray(negative, dtype=np.float64).ravel()
+    if not len(pos) or not len(neg):
+        return float("nan")
+    both = np.concatenate([pos, neg])
+    order = np.argsort(both, kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_scores = both[order]
+    start = 0
+    while start < len(both):  # mid-ranks of tied runs
+        stop = start
+        while stop + 1 < len(both) and sorted_scores[stop + 1] == sorted_scores[start]:
+            stop += 1
+        ranks[order[start:stop + 1]] = 0.5 * (start + stop) + 1.0
+        start = stop + 1
+    return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+@torch.no_grad()
+def reconstructed_logits(trainer: Any, upload: Arrays) -> torch.Tensor:
+    """Logits [n, C] on the client's nodes of the model the server can build from
+    ``upload`` alone: the method's trainer, fresh (its seeded initial values for whatever
+    is not uploaded, e.g. FedAux's masks), then ``load_payload(upload)``, then every other
+    uploaded array that names one of the model's (FED-PUB's uploaded masks, which its own
+    ``load_payload`` skips). FedSpray uploads only its encoder: its projector g_q
+    (trained with cross-entropy on the client's labels) gives the logits."""
+    from fedgraph_flwr.algorithms.fedspray import FedSprayTrainer
+    from fedgraph_flwr.algorithms.supervised import SupervisedTrainer
+
+    trainer.load_payload(upload)
+    if isinstance(trainer, FedSprayTrainer):
+        enc = trainer.encoder
+        enc.eval()
+        return enc.project(enc.embed_features(trainer.data.x))
+    if not isinstance(trainer, SupervisedTrainer):
+        raise ValueError(f"{type(trainer).__name__}: no membership reconstruction for this trainer")
+    state = trainer.model.state_dict()
+    for name, value in upload.items():
+        if name in state and state[name].shape == tuple(np.shape(value)):
+            state[name].copy_(torch.as_tensor(value))
+    trainer.model.eval()
+    return trainer.forward()
+
+
+def node_losses(logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Per-node cross-entropy (BCE on one logit for binary models)."""
+    if logits.size(1) == 1:
+        return F.binary_cross_entropy_with_logits(logits[:, 0], y.float(), reduction="none").numpy()
+    return F.cross_entropy(logits, y, reduction="none").numpy()
+
+
+def membership_attack(transport: RecordingTransport, num_classes: int) -> dict[str, Any]:
+    """Loss-threshold membership on each client's last train-phase upload."""
+    from fedgraph_flwr.engine import client_runtime as rt
+
+    per_client, pooled_pos, pooled_neg = [], [], []
+    rnd = transport.last_round
+    for cid in sorted(transport.data):
+        rec = transport.records.get((rnd, "train", cid))
+        if rec is None:
+            continue
+        data = transport.data[cid]
+        trainer = rt.restore_trainer(data, num_classes, transport.configs[cid], None,
+                                     transport.device, cid)
+        logits = reconstructed_logits(trainer, rec.upload).cpu()
+        y = trainer.data.y.cpu()
+        loss = node_losses(logits, y)
+        hit = ((logits[:, 0] > 0).long() if logits.size(1) == 1 else logits.argmax(1)) == y
+        train, test = data.train_mask.cpu().numpy(), data.test_mask.cpu().numpy()
+        pos, neg = -loss[train], -loss[test]
+        pooled_pos.append(pos)
+        pooled_neg.append(neg)
+        per_client.append({"client": cid, "auc": round(roc_auc(pos, neg), 4),
+                           "members": int(train.sum()), "non_members": int(test.sum()),
+                           "member_loss": round(float(loss[train].mean()), 4),
+                           "non_member_loss": round(float(loss[test].mean()), 4),
+                           "member_accuracy": round(float(hit[train].float().mean()), 4),
+                           "non_member_accuracy": round(float(hit[test].float().mean()), 4),
+                           "reported_test_metric": round(rec.metrics.get("test_metric", np.nan), 4)})
+    aucs = [c["auc"] for c in per_client]
+    return {"auc_mean": float(np.nanmean(aucs)) if aucs else float("nan"),
+            "auc_pooled": roc_auc(np.concatenate(pooled_pos), np.concatenate(pooled_neg))
+            if per_client else float("nan"),
+            "per_client": per_client}
+
+
+# --- one (method, setting) ------------------------------------------------------------------
+def dp_overrides(setting: str, epsilon: float) -> dict[str, Any]:
+    """The run-config keys of a DP setting (none for ``off``)."""
+    return {} if setting == "off" else {"dp": setting, "dp-epsilon": epsilon}
+
+
+def not_run_reason(setting: str) -> str | None:
+    """Why a DP setting cannot run on this version (no ``dp`` config key), else None."""
+    from fedgraph_flwr.config import all_defaults
+
+    if setting != "off" and "dp" not in all_defaults():
+        return "not run: this version has no dp config key"
+    return None
+
+
+def client_rows(transport: RecordingTransport, num_classes: int
+                ) -> tuple[list[dict], np.ndarray, list[int]]:
+    """Feature groups, true label distribution and node count of every client that
+    replied in the last round."""
+    rnd = transport.last_round
+    rows, truth, sizes = [], [], []
+    for cid in sorted(transport.data):
+        received = [(phase, rec) for (r, phase, c), rec in transport.records.items()
+                    if r == rnd and c == cid]
+        if not any(phase == "train" for phase, _ in received):
+            continue
+        rows.append(label_features(received, num_classes))
+        truth.append(transport.label_distribution(cid, num_classes))
+        sizes.append(int(transport.data[cid].num_nodes))
+    return rows, np.array(truth), sizes
+
+
+def run_setting(method: str, setting: str, args: argparse.Namespace,
+                log=print) -> dict[str, Any]:
+    """Target and shadow federations of one method and DP setting; both attacks."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="privacy-attacks-") as scratch:
+        base = {"algorithm": method, "dataset": args.dataset, "rounds": args.rounds,
+                "seed": args.seed, "output-dir": scratch,
+                **({"data-root": args.data_root} if args.data_root else {}),
+                **dp_overrides(setting, args.dp_epsilon)}
+        target, _ = run_recorded({**base, "num-clients": args.num_clients, "partition": "metis"})
+        num_classes = int(next(iter(target.configs.values())).num_classes_global)
+        log(f"{method} {setting}: target federation done ({time.perf_counter() - t0:.0f} s)")
+        membership = membership_attack(target, num_classes)
+        t_rows, y_target, _ = client_rows(target, num_classes)
+        shadow_rows: list[dict] = []
+        shadow_y: list[np.ndarray] = []
+        groups: list[int] = []
+        sizes: list[int] = []
+        for g, shadow in enumerate(SHADOWS):
+            transport, _ = run_recorded({**base, **shadow})
+            rows, y, n = client_rows(transport, num_classes)
+            shadow_rows += rows
+            shadow_y.append(y)
+            groups += [g] * len(rows)
+            sizes += n
+            log(f"{method} {setting}: shadow {g + 1}/{len(SHADOWS)} {shadow} done "
+                f"({time.perf_counter() - t0:.0f} s)")
+    y_shadow = np.concatenate(shadow_y)
+    prior = (np.array(sizes)[:, None] * y_shadow).sum(0) / sum(sizes)
+    label: dict[str, Any] = {}
+    for group in ("all", "weights", "signature"):
+        if not t_rows[0][group].size:
+            continue
+        x_s = np.stack([r[group] for r in shadow_rows])
+        x_t = np.stack([r[group] for r in t_rows])
+        label[group] = label_attack(x_s, y_shadow, np.array(groups), x_t, y_target, prior)
+        label[group]["features"] = int(x_t.shape[1])
+    direct = direct_reads(target, num_classes, y_target)
+    return {
+        "method": method, "setting": setting,
+        "dp": dp_overrides(setting, args.dp_epsilon),
+        "target": {"dataset": args.dataset, "num-clients": args.num_clients, "partition": "metis",
+                   "rounds": args.rounds, "seed": args.seed},
+        "shadows": list(SHADOWS), "shadow_clients": len(shadow_rows),
+        "prior": np.round(prior, 4).tolist(), "truth": np.round(y_target, 4).tolist(),
+        "label_distribution": label, "direct_read": direct, "membership": membership,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+# --- the table --------------------------------------------------------------------------------
+def setting_title(setting: str, epsilon: float) -> str:
+    return "DP off" if setting == "off" else f"DP {setting}, ε={epsilon:g}"
+
+
+def table(out: Path, methods: Sequence[str], settings: Sequence[str], epsilon: float) -> str:
+    """The markdown block (markers included) from the JSONs under ``out``, headed by the
+    command(s) that wrote them."""
+    commands = sorted({json.loads(p.read_text()).get("command", "?") for m in methods
+                       for s in settings if (p := result_path(out, m, s, epsilon)).exists()})
+    head = ["method"]
+    for s in settings:
+        t = setting_title(s, epsilon)
+        head += [f"{t}: label dist. TV (prior guess)", f"{t}: membership AUC (pooled)"]
+    lines = [DOC_BEGIN, "", *(f"`{c}`" for c in commands), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        cells = [m]
+        for s in settings:
+            path = result_path(out, m, s, epsilon)
+            if not path.exists():
+                why = not_run_reason(s) or "not run"
+                cells += [why.split(":")[0], why.split(":")[0]]
+                continue
+            r = json.loads(path.read_text())
+            lab, mia = r["label_distribution"]["all"], r["membership"]
+            cells += [f"{lab['tv']:.3f} ({lab['prior_tv']:.3f})",
+                      f"{mia['auc_mean']:.3f} ({mia['auc_pooled']:.3f})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "By feature group (mean TV over the target's clients; signature-only: the "
+              "signature's arrays alone; direct read: a signature array that is already a "
+              "distribution, taken as the guess) and, for the membership attack, the "
+              "reconstructed model's mean loss and accuracy on members (train nodes) and "
+              "non-members (test nodes), per client then averaged, the clients' own reported "
+              "test accuracy, and the AUC's range over clients:", "",
+              "| method | setting | all features | weights only | signature only | direct read "
+              "| prior guess | loss: members / non-members | accuracy: members / non-members "
+              "| reported test acc. | AUC per client |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        for s in settings:
+            path = result_path(out, m, s, epsilon)
+            if not path.exists():
+                continue
+            r = json.loads(path.read_text())
+            lab = r["label_distribution"]
+            per = r["membership"]["per_client"]
+
+            def tv(group: str, lab: dict = lab) -> str:
+                return f"{lab[group]['tv']:.3f}" if group in lab else "–"
+
+            direct = ", ".join(f"{v:.3f} ({k})" for k, v in r.get("direct_read", {}).items()) or "–"
+            aucs = [c["auc"] for c in per]
+            lines.append(
+                f"| {m} | {setting_title(s, epsilon)} | {tv('all')} | {tv('weights')} | "
+                f"{tv('signature')} | {direct} | {lab['all']['prior_tv']:.3f} | "
+                f"{mean_of(per, 'member_loss'):.3f} / {mean_of(per, 'non_member_loss'):.3f} | "
+                f"{mean_of(per, 'member_accuracy'):.3f} / {mean_of(per, 'non_member_accuracy'):.3f} | "
+                f"{mean_of(per, 'reported_test_metric'):.3f} | {min(aucs):.3f}–{max(aucs):.3f} |")
+    lines += ["", DOC_END]
+    return "\n".join(lines)
+
+
+def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float:
+    return float(np.mean([r.get(key, np.nan) for r in rows]))
+
+
+def result_path(out: Path, method: str, setting: str, epsilon: float) -> Path:
+    suffix = "" if setting == "off" else f"-eps{epsilon:g}"
+    return out / f"{method}-dp-{setting}{suffix}.json"
+
+
+def write_doc(doc: Path, block: str) -> None:
+    """Replace the table between the markers of ``doc`` (a new file: just the block)."""
+    from fedgraph_flwr.generated import replace_block
+
+    text = doc.read_text() if doc.exists() else "# Privacy attacks\n\n" + DOC_BEGIN + "\n" + DOC_END + "\n"
+    new = replace_block(text, DOC_BEGIN, DOC_END, block)
+    if new is None:
+        raise SystemExit(f"privacy_attacks: error: {doc} lacks the markers {DOC_BEGIN} ... {DOC_END}")
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder of the per-setting JSONs")
+    parser.add_argument("--data-root", default="", help="run-config data-root (else FEDGRAPH_DATA_ROOT)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--settings", "--dp", nargs="+", default=list(SETTINGS), choices=SETTINGS,
+                        help="DP settings (run-config dp): off | signature | client")
+    parser.add_argument("--dp-epsilon", type=float, default=4.0)
+    parser.add_argument("--dataset", default="Cora")
+    parser.add_argument("--num-clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2-core machine)")
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/privacy-attacks.md"))
+    parser.add_argument("--table-only", action="store_true", help="only rewrite the table")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.num_clients < 2:
+        parser.error("--rounds must be >= 1 and --num-clients >= 2")
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/privacy_attacks.py " + " ".join(
+        a for a in (sys.argv[1:] if argv is None else argv) if a != "--table-only")
+    if not args.table_only:
+        for method in args.methods:
+            for setting in args.settings:
+                path = result_path(args.out, method, setting, args.dp_epsilon)
+                if path.exists():
+                    print(f"{method} {setting}: {path} exists, skipped")
+                    continue
+                why = not_run_reason(setting)
+                if why:
+                    print(f"{method} {setting}: {why}")
+                    continue
+                from fedgraph_flwr.atomic import atomic_write
+                from fedgraph_flwr.config import ConfigError
+
+                try:
+                    result = run_setting(method, setting, args)
+                except ConfigError as exc:
+                    print(f"privacy_attacks: error: {exc}", file=sys.stderr)
+                    return 1
+                result["command"] = command
+                blob = json.dumps(result, indent=1).encode()
+                atomic_write(path, lambda fh, b=blob: fh.write(b))
+                lab, mia = result["label_distribution"]["all"], result["membership"]
+                print(f"{method} {setting}: label TV {lab['tv']:.3f} (prior {lab['prior_tv']:.3f}), "
+                      f"membership AUC {mia['auc_mean']:.3f} (pooled {mia['auc_pooled']:.3f}), "
+                      f"{result['seconds']:.0f} s -> {path}")
+    write_doc(args.doc, table(args.out, args.methods, args.settings, args.dp_epsilon))
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
