@@ -186,6 +186,25 @@ def test_later_baselines_three_rounds_each(deployment, algorithm):
     assert 0.0 < results["final"]["test_at_best_val"] <= 100.0
 
 
+def test_ckks_and_dp_three_rounds_through_flwr_run(deployment):
+    """secure-aggregation=ckks with dp=client across real SuperNodes: the owners' secret
+    context as a file on their side (one host here, so one path), the server told only the
+    public one; three complete rounds, ε reported within the budget."""
+    from fedgraph_flwr import secure_aggregation as secure
+
+    dep = deployment
+    secret, public = secure.generate_keys(dep.tmp / "ckks-keys")
+    out, results = flwr_run(dep, "deploy-ckks-dp", {
+        "rounds": 3, "round-timeout": 300.0, "secure-aggregation": "ckks",
+        "ckks-secret-context": str(secret), "ckks-public-context": str(public),
+        "dp": "client", "dp-epsilon": 4.0})
+    assert out.returncode == 0 and results is not None, _context(dep, out)
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
+    for r in results["rounds"]:
+        assert sorted(r["clients"]) == ["0", "1", "2"] and not r["failures"] and not r["void"]
+    assert 0 < results["dp"]["epsilon"] <= 4.0 and results["dp"]["releases"] == 3
+
+
 def _checkpoint_round(path: Path) -> int:
     from fedgraph_flwr.engine import state_codec
 

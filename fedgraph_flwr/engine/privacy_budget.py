@@ -82,8 +82,12 @@ class PrivacyBudget:
 
     def summary(self, keyed: bool | None) -> dict[str, Any]:
         """results.json's and progress.json's ``dp``: the guarantee so far and what it covers."""
-        covers = ("everything the clients send" if self.scope == "client" else
-                  "the signatures and non-train phases' arrays; the weights go in the clear")
+        if self.scope == "client":
+            covers = "everything the clients send"
+        elif self.config.secure_aggregation == "ckks":
+            covers = "the signatures and non-train phases' arrays; the weights are encrypted"
+        else:
+            covers = "the signatures and non-train phases' arrays; the weights go in the clear"
         return {"scope": self.scope, **self.accountant.summary(), "clip": self.config.dp_clip,
                 "budget": self.config.dp_epsilon or None, "covers": covers,
                 "noise_keyed": keyed}
