@@ -2,8 +2,9 @@
 
 Reads the results of ``configs/paper/dp-cora-10.yaml`` (``fedgraph-experiments run ...
 --out <runs>``) and writes, per dp scope, a table of method × ε (test accuracy at the
-round of best mean validation, mean ± std over the seeds that have run, their count) and
-one figure::
+round of best mean validation, mean ± std over the seeds that have run, their count and
+that round per seed: r1 means the figure is round 1's, read before any noisy aggregate
+reached a client) and one figure::
 
     python benchmarks/dp_accuracy.py --runs <runs>/dp-cora-10 \
         --doc docs/results/privacy.md --figure docs/figures/dp-cora-10.png
@@ -43,14 +44,22 @@ def figures(runs: Path) -> dict[tuple[str, str, float], list[float]]:
             eps = math.inf if scope == "off" else float(cfg["dp-epsilon"])
             out.setdefault((cfg["algorithm"], scope, eps), []).append(
                 float(res["final"][FIGURE]))
+            ROUNDS.setdefault((cfg["algorithm"], scope, eps), []).append(
+                int(res["final"].get("best_round") or 0))
     return out
 
 
-def cell(values: list[float] | None) -> str:
+#: (method, scope, ε) -> the runs' best mean-val rounds (where the figure is read).
+ROUNDS: dict[tuple[str, str, float], list[int]] = {}
+
+
+def cell(values: list[float] | None, key: tuple[str, str, float] | None = None) -> str:
+    """mean ± std (seeds) and the best mean-val round(s) the figure was read at."""
     if not values:
         return "not run"
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return f"{np.mean(values):.2f} ± {std:.2f} ({len(values)})"
+    rounds = ",".join(str(r) for r in ROUNDS.get(key, [])) if key else ""
+    return f"{np.mean(values):.2f} ± {std:.2f} ({len(values)}; r{rounds})"
 
 
 def table(data: dict[tuple[str, str, float], list[float]], scope: str) -> str:
@@ -59,12 +68,13 @@ def table(data: dict[tuple[str, str, float], list[float]], scope: str) -> str:
     for method in METHODS:
         off = data.get((method, "off", math.inf))
         if method == "local":
-            row = [cell(off)] * len(EPSILONS)
+            row = [cell(off, (method, "off", math.inf))] * len(EPSILONS)
         elif scope == "signature" and method in ("fedavg", "fedpub"):
             row = ["refused: no signature in the clear"] * len(EPSILONS)
         else:
-            row = [cell(data.get((method, scope, e))) for e in EPSILONS]
-        lines.append(f"| {method} | " + " | ".join(row) + f" | {cell(off)} |")
+            row = [cell(data.get((method, scope, e)), (method, scope, e)) for e in EPSILONS]
+        lines.append(f"| {method} | " + " | ".join(row)
+                     + f" | {cell(off, (method, 'off', math.inf))} |")
     return "\n".join(lines)
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import sys
 import tempfile
 import time
@@ -138,11 +140,29 @@ def run_recorded(overrides: Mapping[str, Any]) -> tuple[RecordingTransport, Any]
     """One federation in process, nothing written; its recording transport and config."""
     from fedgraph_flwr.config import resolve_config
     from fedgraph_flwr.engine.driver import RoundDriver
+    from fedgraph_flwr.privacy.mechanism import NOISE_KEY_ENV
 
     config = resolve_config(None, overrides)
     transport = RecordingTransport(last_round=config.rounds)
-    RoundDriver(config, transport, write=False).run()
+    # Every federation's owners get a fresh noise key, unknown to the attacker (as
+    # FEDGRAPH_DP_NOISE_KEY on each SuperNode). Without one the noise is seeded by the run's
+    # seed, client, round and phase: shadow federations run with the same seed then carry
+    # the target's very noise, and the attack reads through it (docs/results/privacy-attacks.md).
+    before = os.environ.get(NOISE_KEY_ENV)
+    if config.dp != "off" and KEYED_NOISE:
+        os.environ[NOISE_KEY_ENV] = secrets.token_hex(16)
+    try:
+        RoundDriver(config, transport, write=False).run()
+    finally:
+        if before is None:
+            os.environ.pop(NOISE_KEY_ENV, None)
+        else:
+            os.environ[NOISE_KEY_ENV] = before
     return transport, config
+
+
+#: --noise keyed (default): each federation's DP noise keyed by a fresh secret.
+KEYED_NOISE = True
 
 
 # --- (a) label distribution ---------------------------------------------------------------------
@@ -489,7 +509,7 @@ def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float:
 
 
 def result_path(out: Path, method: str, setting: str, epsilon: float) -> Path:
-    suffix = "" if setting == "off" else f"-eps{epsilon:g}"
+    suffix = "" if setting == "off" else f"-eps{epsilon:g}" + ("" if KEYED_NOISE else "-seeded")
     return out / f"{method}-dp-{setting}{suffix}.json"
 
 
@@ -513,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", "--dp", nargs="+", default=list(SETTINGS), choices=SETTINGS,
                         help="DP settings (run-config dp): off | signature | client")
     parser.add_argument("--dp-epsilon", type=float, default=4.0)
+    parser.add_argument("--noise", choices=("keyed", "seeded"), default="keyed",
+                        help="keyed: each federation's owners hold a fresh noise key (a "
+                             "deployment); seeded: the noise follows the run's seed (research "
+                             "runs), so same-seed shadows share it (written *-seeded.json)")
     parser.add_argument("--dataset", default="Cora")
     parser.add_argument("--num-clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
@@ -521,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/results/privacy-attacks.md"))
     parser.add_argument("--table-only", action="store_true", help="only rewrite the table")
     args = parser.parse_args(argv)
+    global KEYED_NOISE
+    KEYED_NOISE = args.noise == "keyed"
     if args.rounds < 1 or args.num_clients < 2:
         parser.error("--rounds must be >= 1 and --num-clients >= 2")
     torch.set_num_threads(args.threads)
