@@ -97,14 +97,16 @@ def draw(data: dict[tuple[str, str, float], list[float]], path: Path) -> None:
                 continue
             ax.errorbar([x for x, _ in points], [np.mean(v) for _, v in points],
                         yerr=[np.std(v) for _, v in points], marker="o", capsize=3,
-                        label=method, linestyle="--" if method == "local" else "-")
+                        label=method, color=f"C{METHODS.index(method)}",
+                        linestyle="--" if method == "local" else "-")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [*(f"{e:g}" for e in EPSILONS), "∞"])
         ax.set_xlabel("ε per run (δ = 1e-5)")
         ax.set_title(f"dp={scope}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy @ best mean val (%)")
-    axes[1].legend(loc="lower right", fontsize=8)
+    for ax in axes:
+        ax.legend(loc="lower right", fontsize=8)
     fig.suptitle("Cora, 10 METIS clients, 100 rounds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
