@@ -61,6 +61,20 @@ def simulation_equals_in_process(config: dict, out, num_supernodes: int) -> dict
     return flower
 
 
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py`` imported as module ``name`` (benchmarks/ is no package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def labelled_graph(n: int = 60, num_classes: int = 3, num_features: int = 8, seed: int = 0,
                    degree: int = 3) -> Data:
     """A seeded random graph for algorithm tests: labels, features shifted by the label,

@@ -3,8 +3,6 @@ laid out as OpenFGL 1.1.0 caches a split (OpenFGL itself is not a dependency).""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,7 @@ from torch_geometric.data import Data
 
 from fedgraph_flwr.data.files import load_partition_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_module
 
 
 def _openfgl_split(folder: Path) -> list[Data]:
@@ -45,7 +35,7 @@ def _openfgl_split(folder: Path) -> list[Data]:
 
 
 def test_an_openfgl_split_exports_to_client_files_as_openfgl_loads_it(tmp_path):
-    export = _module("openfgl_export")
+    export = benchmark_module("openfgl_export")
     _openfgl_split(tmp_path / "split")
     assert export.main([str(tmp_path / "split"), "--out", str(tmp_path / "files")]) == 0
     back = load_partition_dir(tmp_path / "files", 2)
@@ -60,7 +50,7 @@ def test_an_openfgl_split_exports_to_client_files_as_openfgl_loads_it(tmp_path):
 
 
 def test_a_split_without_its_masks_is_refused_in_one_line(tmp_path):
-    export = _module("openfgl_export")
+    export = benchmark_module("openfgl_export")
     _openfgl_split(tmp_path / "split")
     (tmp_path / "split" / "node_cls" / "default_split" / "val_1.pt").unlink()
     with pytest.raises(SystemExit, match="val_1.pt: missing"):
@@ -68,7 +58,7 @@ def test_a_split_without_its_masks_is_refused_in_one_line(tmp_path):
 
 
 def test_the_three_scoring_rules_on_a_known_curve():
-    side = _module("openfgl_side_by_side")
+    side = benchmark_module("openfgl_side_by_side")
     # two rounds, two clients: (val, test, nodes)
     per_round = [[(0.5, 0.4, 100), (0.9, 0.8, 300)],
                  [(0.8, 0.6, 100), (0.7, 0.7, 300)]]
@@ -89,7 +79,7 @@ def test_our_partition_imports_into_openfgl_and_reads_back_equal(tmp_path, data_
     from fedgraph_flwr.config import ClientSettings
     from fedgraph_flwr.data.partition import load_all_clients
 
-    importer, export = _module("openfgl_import"), _module("openfgl_export")
+    importer, export = benchmark_module("openfgl_import"), benchmark_module("openfgl_export")
     keys = ["dataset=Cora", "partition=metis", "num-clients=3", f"data-root={data_root}"]
     assert importer.main(["--root", str(tmp_path), "--set", *keys]) == 0
     folder = tmp_path / "distrib" / "subgraph_fl_metis_Cora_client_3"

@@ -532,9 +532,9 @@ def privatize_reply(out: RoundOutput, config: ClientConfig, phase: Phase, reques
     """``dp``: clip and noise what the scope covers in ``out`` before it leaves (in place);
     returns whether the noise is keyed by the owner's secret (privacy/mechanism.py)."""
     trainer = get_algorithm(config.algorithm).trainer
-    if not privacy_scope.releases(trainer, config.dp, phase):
-        return bool(noise_key_words())
     key = noise_key_words()
+    if not privacy_scope.releases(trainer, config.dp, phase):
+        return bool(key)
     place = [p.name for p in trainer.phases].index(phase.name)
     mechanism = Mechanism(config.dp_clip, config.dp_noise_multiplier)
     out.upload, out.signature = mechanism.privatize(

@@ -27,6 +27,9 @@ class PrivacyBudget:
         self.scope = config.dp
         self.trainer = trainer
         self.covered = [p for p in phases if scope.releases(trainer, self.scope, p)]
+        # Releases per client: once before round 1, and in each round it is sampled.
+        self.before_first = sum(1 for p in self.covered if p.when == "before-first-round")
+        self.every_round = sum(1 for p in self.covered if p.when == "every-round")
         self.sample = sample
         self.client_ids = client_ids
         self.config = config
@@ -43,18 +46,15 @@ class PrivacyBudget:
     def planned_releases(self, rounds: int) -> int:
         """The most releases any client makes in a run of ``rounds`` rounds (the seeded
         sample decides who takes part in each)."""
-        counts = {c: sum(1 for p in self.covered if p.when == "before-first-round")
-                  for c in self.client_ids}
-        every = sum(1 for p in self.covered if p.when == "every-round")
+        counts = dict.fromkeys(self.client_ids, self.before_first)
         for server_round in range(1, rounds + 1):
             for cid in self.sample(server_round):
-                counts[cid] += every
+                counts[cid] += self.every_round
         return max(counts.values(), default=0)
 
     def round_plan(self, sampled: list[int]) -> list[int]:
         """A client per release the round would make (each sampled client per covered phase)."""
-        every = sum(1 for p in self.covered if p.when == "every-round")
-        return [c for c in sampled for _ in range(every)]
+        return [c for c in sampled for _ in range(self.every_round)]
 
     def stop_reason(self, server_round: int, sampled: list[int]) -> str | None:
         """Why the run must stop before ``server_round`` (its budget), or None."""
