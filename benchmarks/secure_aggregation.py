@@ -8,6 +8,7 @@ time, and the final accuracy of both.
 
     FEDGRAPH_DATA_ROOT=/path/to/data python benchmarks/secure_aggregation.py \\
         --algorithms fedavg fedaux --rounds 5
+    python benchmarks/secure_aggregation.py --runs <out>/ckks-cora-10   # a grid's runs
 
 Prints a markdown table and one JSON line per run (``{"benchmark": "secure_aggregation", ...}``).
 """
@@ -32,14 +33,21 @@ def measure(algorithm: str, mode: str, rounds: int, dataset: str, clients: int, 
                           "rounds": rounds, "secure-aggregation": mode, "output-dir": str(out),
                           "run-name": f"{algorithm}-{mode}", "verbose": False, **extra},
                          write=True)
+    return summarize(res)
+
+
+def summarize(res: dict) -> dict:
+    """A run's results.json as one row: per-round means and the final figures."""
     per_round = res["rounds"]
+    config = res["config"]
 
     def client_sum(key: str) -> float:
         return mean(sum(m.get(key, 0.0) for m in r["clients"].values()) for r in per_round)
 
     return {
-        "benchmark": "secure_aggregation", "algorithm": algorithm, "mode": mode,
-        "dataset": dataset, "clients": clients, "rounds": rounds,
+        "benchmark": "secure_aggregation", "algorithm": config["algorithm"],
+        "mode": config.get("secure-aggregation", "off"), "dataset": config["dataset"],
+        "clients": config["num-clients"], "rounds": len(per_round),
         "bytes_sent_per_round": mean(sum(r["bytes_sent"].values()) for r in per_round),
         "bytes_received_per_round": mean(sum(r["bytes_received"].values()) for r in per_round),
         "round_s": mean(r["times"]["round"] for r in per_round),
@@ -60,10 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench-secure-aggregation"))
     parser.add_argument("--data-root", default="", help="else FEDGRAPH_DATA_ROOT")
+    parser.add_argument("--runs", type=Path,
+                        help="summarize the results.json files under this folder (e.g. "
+                             "configs/paper/ckks-cora-10.yaml's grid run in a Flower "
+                             "simulation) instead of running")
     args = parser.parse_args(argv)
-    extra = {"data-root": args.data_root} if args.data_root else {}
     rows = []
-    for algorithm in args.algorithms:
+    if args.runs is not None:
+        found = sorted(args.runs.glob("*/results.json"))
+        if not found:
+            parser.error(f"no */results.json under {args.runs}")
+        for path in found:
+            row = summarize(json.loads(path.read_text()))
+            print(json.dumps({**row, "run": path.parent.name}), flush=True)
+            rows.append(row)
+        rows.sort(key=lambda r: (r["algorithm"], r["mode"] != "off"))
+    extra = {"data-root": args.data_root} if args.data_root else {}
+    for algorithm in args.algorithms if args.runs is None else []:
         for mode in ("off", "ckks"):
             row = measure(algorithm, mode, args.rounds, args.dataset, args.clients, args.out,
                           extra)

@@ -167,6 +167,27 @@ def test_ckks_federation_matches_plaintext_and_the_server_sees_only_ciphertexts(
     assert (tmp_path / "ckks" / "ckks" / "public.ckks").is_file()
 
 
+def test_ckks_run_resumes_with_its_own_keys(tmp_path, synthetic_root):
+    """A ckks run stopped after round 2 resumes to round 3 with the key pair it made (the
+    checkpoint's payloads are ciphertexts under it) and ends where an uninterrupted run
+    does: within 0.1 points, since CKKS noise is drawn afresh by each encryption."""
+    cfg = sbm(tmp_path, synthetic_root, algorithm="fedaux",
+              **{"secure-aggregation": "ckks", "client-state": "file"})
+    full = run_federation(dict(cfg, **{"run-name": "full",
+                                       "client-state-dir": str(tmp_path / "full-state")}))
+    stopped = dict(cfg, **{"run-name": "stopped", "client-state-dir": str(tmp_path / "state")})
+    run_federation(dict(stopped, rounds=2))
+    public = tmp_path / "stopped" / "ckks" / "public.ckks"
+    made = public.read_bytes()
+    logged: list[str] = []
+    resumed = run_federation(dict(stopped, resume=True), log=logged.append)
+    assert any("after round 2" in line for line in logged)
+    assert public.read_bytes() == made  # the same keys, not a new pair
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
+    for key in ("test_at_best_val", "per_client_best_val_test"):
+        assert abs(resumed["final"][key] - full["final"][key]) <= 0.1
+
+
 def test_methods_that_need_clear_weights_are_refused():
     with pytest.raises(ConfigError) as err:
         resolve_config(None, {"algorithm": "gcfl", "secure-aggregation": "ckks"})
