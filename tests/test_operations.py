@@ -154,6 +154,11 @@ def test_failed_client_is_reported_in_its_round_and_the_run_goes_on(failing_run)
     status = {(int(row["round"]), int(row["client"])): row["status"] for row in history}
     assert status[(FAIL_ROUND, FAIL_CLIENT)] == reason
     assert sum(s == "ok" for s in status.values()) == 3 * ROUNDS - 1
+    # progress.json: the last round was clean, yet the failure since the start is there.
+    progress = json.loads((failing_run["out"] / "progress.json").read_text())
+    assert progress["last_round"]["failures"] == {}
+    assert progress["failures_since_start"] == {str(FAIL_CLIENT): {
+        "rounds": 1, "first_round": FAIL_ROUND, "last_round": FAIL_ROUND, "last_reason": reason}}
 
 
 def test_fail_fast_stops_at_the_failed_round_with_a_clear_message(tmp_path, synthetic_root, capfd):

@@ -108,7 +108,8 @@ class RunRecorder:
 
     def progress(self) -> dict[str, Any]:
         """A live run's state in a few hundred bytes (``progress.json``, rewritten after
-        every round): where it is, the last round's means and failures, the best so far."""
+        every round): where it is, the last round's means and failures, each client's
+        failures since the start, the best so far."""
         last = self.rounds[-1] if self.rounds else None
         held = self.held_means()
         best = protocols.best_held_round(self.rounds, held)
@@ -129,11 +130,23 @@ class RunRecorder:
                 "failures": {str(c): r for c, r in sorted(last.failures.items())},
                 "seconds": last.times.get("round"),
             },
+            "failures_since_start": self.failures_since_start(),
             "best_so_far": None if best is None else {
                 "round": best.round, "val": 100 * held[best.round][0],
                 "test": 100 * held[best.round][1]},
             **self.ending(),
         }
+
+    def failures_since_start(self) -> dict[str, dict[str, Any]]:
+        """Per client that missed a round: how many, the first and the last, and the last
+        reason (a client that missed seven rounds is visible after it is back)."""
+        out: dict[str, dict[str, Any]] = {}
+        for record in self.rounds:
+            for client, reason in record.failures.items():
+                entry = out.setdefault(str(client), {"rounds": 0, "first_round": record.round})
+                entry.update(rounds=entry["rounds"] + 1, last_round=record.round,
+                             last_reason=reason)
+        return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
     def write_progress(self) -> Path:
         """Rewrite progress.json atomically; return its path."""
