@@ -318,6 +318,17 @@ class RunConfig(ServerSettings, ClientConfig):
         out.update(self.to_config())
         return out
 
+    def run_config_text(self, **changes: Any) -> str:
+        """The ``--run-config`` text that gives this run (every key not at its default,
+        ``changes`` applied), e.g. ``algorithm='fedaux' num-clients=20``: for printed fixes,
+        so that a command run as printed keeps the user's own settings."""
+        defaults = all_defaults()
+        values = {**self.to_config(), **changes}
+        if values["run-name"] == self.replace(run_name="").resolved_run_name:
+            del values["run-name"]  # the name the server derives: let it derive it again
+        return " ".join(f"{key}={_run_config_value(value)}" for key, value in values.items()
+                        if key not in defaults or defaults[key] != value)
+
     def replace(self, **changes: Any) -> Self:
         """This config with some fields replaced (field names, ``run_name=...``), checked again."""
         return dataclasses.replace(self, **changes)
@@ -474,6 +485,13 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(value, ensure_ascii=False)
+
+
+def _run_config_value(value: Any) -> str:
+    """A value as Flower's ``--run-config`` parses it inside a double-quoted shell word."""
+    if isinstance(value, str) and "'" not in value and '"' not in value:
+        return f"'{value}'"
+    return _toml_value(value).replace('"', '\\"')
 
 
 def pyproject_block() -> str:

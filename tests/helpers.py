@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
@@ -89,3 +90,18 @@ def labelled_graph(n: int = 60, num_classes: int = 3, num_features: int = 8, see
         mask[part] = True
     return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
                 test_mask=masks[2])
+
+
+def _flower_is_tested() -> bool:
+    """Whether the fedgraph-* commands run their speed-ups and fixes on the installed Flower."""
+    from fedgraph_flwr.engine import accelerate
+
+    return ".".join(accelerate.flower_version().split(".")[:2]) in accelerate.TESTED_FLOWER
+
+
+#: For the tests that go through the fedgraph-* commands' guard: on a Flower outside
+#: TESTED_FLOWER the commands run stock Flower instead (tests/test_flower_surface.py checks
+#: that), without the fixes these tests check (scripts/test-flwr-nightly.sh, docs/engine-v3.md).
+through_the_guard = pytest.mark.skipif(
+    not _flower_is_tested(), reason="the installed Flower is not in TESTED_FLOWER: the "
+                                    "fedgraph-* commands run stock Flower there")

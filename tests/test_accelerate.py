@@ -23,17 +23,9 @@ from fedgraph_flwr.engine import accelerate
 from fedgraph_flwr.engine.accelerate import superexec as fse
 from fedgraph_flwr.engine.accelerate import supernode as fps
 
+from helpers import through_the_guard
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX-only")
-
-#: Whether the commands would run the speed-ups on the installed Flower (no warning line).
-TESTED = ".".join(accelerate.flower_version().split(".")[:2]) in accelerate.TESTED_FLOWER
-#: For the tests that go through the commands' guard: on another Flower the commands run
-#: stock Flower instead (tests/test_flower_surface.py checks that). The others call the
-#: patched seams directly, so on a newer Flower they tell whether the seams still fit.
-through_the_guard = pytest.mark.skipif(
-    not TESTED, reason=f"Flower {accelerate.flower_version()} is not in TESTED_FLOWER: the "
-                       f"fedgraph-* commands run stock Flower there")
-
 
 @pytest.mark.skipif(os.environ.get("FEDGRAPH_FLWR_NIGHTLY") == "1",
                     reason="scripts/test-flwr-nightly.sh: an untested Flower on purpose")

@@ -95,3 +95,20 @@ def test_shipped_run_configs_resolve_to_what_their_names_say(path):
         assert cfg.dataset.lower() == dataset.replace("arxiv", "ogbn-arxiv")
         assert cfg.partition == {"disjoint": "metis", "overlapping": "metis-overlapping"}[setting]
         assert cfg.num_clients == int(clients)
+
+
+def test_run_config_text_gives_the_run_back_through_flowers_parser():
+    """A printed fix's --run-config keeps the user's settings: every key off its default,
+    nothing else (not the run name the server derives), and Flower parses it back."""
+    from flwr.common.config import parse_config_args
+
+    config = resolve_config(None, {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 20,
+                                   "lr": 0.05, "fail-fast": True, "data-root": "/srv/data"})
+    config = config.replace(run_name=config.resolved_run_name)
+    text = config.run_config_text(**{"num-clients": 5})
+    assert "run-name" not in text
+    parsed = parse_config_args([text])
+    assert parsed == {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 5, "lr": 0.05,
+                      "fail-fast": True, "data-root": "/srv/data"}
+    assert resolve_config(None, parsed) == config.replace(num_clients=5, run_name="")
+    assert parse_config_args([config.run_config_text(**{"num-clients": 10})])["algorithm"] == "fedavg"

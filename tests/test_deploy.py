@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import through_the_guard
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 NUM_CLIENTS = 3
@@ -375,6 +377,7 @@ def restart_owner(dep, cid: int) -> None:
     dep.restart(L.clientapp_executor_name(cid))
 
 
+@through_the_guard
 def test_supernode_killed_in_training_and_in_aggregation(deployment):
     """Data owner 2 crashes twice (its SuperNode and ClientApp executor SIGKILLed): in the
     middle of its local training in round 2, and later while the ServerApp aggregates a
@@ -455,6 +458,7 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
           f"reasons: {sorted(set(x[:40] for x in reasons))}")
 
 
+@through_the_guard
 def test_sigterm_superexec_with_clientapp_in_flight_leaves_no_process(deployment):
     """SIGTERM to data owner 1's ``fedgraph-superexec`` while its forked ClientApp trains:
     the executor and every process under it are gone within 5 s. Restarted, the run goes on
@@ -504,6 +508,7 @@ def test_sigterm_superexec_with_clientapp_in_flight_leaves_no_process(deployment
 RESUME_ROUNDS = 20
 
 
+@through_the_guard
 def test_serverapp_killed_at_random_round_resumes_to_identical_results(deployment):
     """20 rounds, client-state="file": the ServerApp process SIGKILLed once a randomly
     chosen round (seeded) is checkpointed, then ``resume=true`` under the same run name;
@@ -604,6 +609,7 @@ def test_bad_partition_file_stops_the_run_with_a_clear_error(deployment, problem
         dep.stop(f"{name}-executor")
 
 
+@through_the_guard
 def test_clientapp_forked_before_its_message_is_stored_still_answers(deployment):
     """Flower's SuperNode creates a message's task before it stores the message, and a
     forked ClientApp asks for the message within milliseconds. Data owner 2's SuperNode

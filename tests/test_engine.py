@@ -185,7 +185,11 @@ def test_supernode_count_mismatch_names_the_fix(tmp_path, synthetic_root, capfd)
     assert time.perf_counter() - t0 < 120
     err = capfd.readouterr().err
     assert 'fedgraph-flwr: error: the federation has 3 SuperNodes but num-clients=4' in err
-    assert 'flwr run . --federation-config "num-supernodes=4"' in err
+    # Run as printed, the fix keeps the user's own settings (num-clients among them).
+    assert ('flwr run . --run-config "algorithm=\'fedavg\' dataset=\'SBM\' num-clients=4 '
+            f'data-root=\'{synthetic_root}\' rounds=1 output-dir=\'{tmp_path}\'" '
+            '--federation-config "num-supernodes=4"') in err
+    assert 'or pass --run-config "algorithm=\'fedavg\' dataset=\'SBM\' num-clients=3 ' in err
     assert not any(tmp_path.iterdir())  # nothing half-written
 
 

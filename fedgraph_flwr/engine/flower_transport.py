@@ -131,6 +131,12 @@ def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | 
             f"--client-resources-num-cpus {fix})")
 
 
+def _run_config_option(config: RunConfig, **changes: Any) -> str:
+    """`` --run-config "..."`` giving this run's settings (``changes`` applied), or ''."""
+    text = config.run_config_text(**changes)
+    return f' --run-config "{text}"' if text else ""
+
+
 class FlowerTransport(Transport):
     """Phases as Flower messages: ``train`` and ``train.<phase>`` actions of the ClientApp."""
 
@@ -170,10 +176,12 @@ class FlowerTransport(Transport):
         if len(nodes) != want:
             raise RunAborted(
                 f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
-                f"in simulation run: flwr run . --federation-config \"num-supernodes={want}\" "
-                f"(or, until the local SuperLink restarts: "
-                f"flwr federation simulation-config @none/default local "
-                f"--num-supernodes {want}), or pass --run-config \"num-clients={len(nodes)}\"; "
+                f"in simulation run: flwr run .{_run_config_option(config)} "
+                f"--federation-config \"num-supernodes={want}\" (plus any other federation "
+                f"settings you passed, e.g. client-resources-num-cpus; or, until the local "
+                f"SuperLink restarts: flwr federation simulation-config @none/default local "
+                f"--num-supernodes {want}), or pass"
+                f"{_run_config_option(config, **{'num-clients': len(nodes)})}; "
                 f"in deployment start {want} SuperNodes"
             )
         return nodes
