@@ -191,7 +191,9 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                 run_federation(overrides, log=on_round)
             log.say("done")
             progress.advance(cells)
-    write_tables(out, spec)
+    # The report shows the grid as run: the seeds asked for and the --set overrides.
+    write_tables(out, {**spec, "seeds": list(seeds) if seeds else spec["seeds"],
+                       **({"set": extra} if extra else {})})
     return out
 
 
@@ -319,6 +321,16 @@ def grid_cells(spec: dict[str, Any]) -> set[str]:
     return set(group_cells([{"config": saved_config(resolve_config(None, o).all_keys())} for o in runs]))
 
 
+def planned_rounds(spec: dict[str, Any]) -> dict[str, int]:
+    """Each cell's rounds as its grid file plans them (``--set`` aside): a paper's figure is
+    compared only with runs of that length."""
+    runs = expand(spec, seeds=[0])
+    configs = [resolve_config(None, o) for o in runs]
+    cells = group_cells([{"config": saved_config(c.all_keys()), "rounds": c.rounds}
+                         for c in configs])
+    return {cell: int(results[0]["rounds"]) for cell, results in cells.items()}
+
+
 def group_cells(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Runs (each with its full ``config``) grouped by cell name; see :func:`collect`."""
     base: dict[str, list[dict[str, Any]]] = {}
@@ -399,18 +411,24 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
     if unknown:
         raise ConfigError(f"columns: no run reports {unknown[0]!r} in results.json's final; "
                           f"known: {', '.join(sorted(reported))}")
+    planned = planned_rounds(spec) if spec and paper else {}
     for cell, results in sorted(cells.items()):
         figures = {key: [float(r["final"].get(key, float("nan"))) for r in results]
                    for key in (*FIXED_COLUMNS, *extra, paper_metric)}
         secs = [r["wall_time_s"] / max(1, len(r["rounds"])) for r in results]
         ref = paper.get(cell)
+        ran = sorted({int(r["config"]["rounds"]) for r in results})
+        shortened = ref is not None and cell in planned and ran != [planned[cell]]
+        if shortened:  # e.g. --set rounds=10: not the paper's protocol, so no comparison
+            ref = None
         mean = float(np.mean(figures[paper_metric]))
         rows.append({
             "cell": cell, "seeds": ",".join(str(r["config"]["seed"]) for r in results),
             **{key: _fmt(figures[key]) for key in (*FIXED_COLUMNS, *extra)},
             "seed_mean_curve_test_at_best_val": _fmt(seed_mean_curve_at_best_val(results)),
             "best_test_round": _fmt(best_test_round(results)),
-            "paper": "" if ref is None else f"{ref:.2f}",
+            "paper": (f"not compared: {'/'.join(map(str, ran))} rounds, the paper's "
+                      f"{planned[cell]}" if shortened else "" if ref is None else f"{ref:.2f}"),
             "diff": "" if ref is None else f"{mean - ref:+.2f}",
             "s_per_round": f"{np.mean(secs):.3f}",
         })

@@ -106,6 +106,15 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     rows = {r["cell"]: r for r in csv.DictReader(path_csv.open())}
     assert rows["fedavg|SBM|metis|2"]["seeds"] == "0,1"
 
+    # Runs shorter than the grid file plans (run with --set rounds=2) are not compared with
+    # the paper's figure, and the report shows the grid as run (its --set and seeds).
+    planned_longer = dict(spec, base=dict(spec["base"], rounds=3), set={"rounds": "2"})
+    _, path_csv = write_tables(out, planned_longer)
+    fedavg = {r["cell"]: r for r in csv.DictReader(path_csv.open())}["fedavg|SBM|metis|2"]
+    assert fedavg["paper"] == "not compared: 2 rounds, the paper's 3" and fedavg["diff"] == ""
+    html = (out / "report.html").read_text()
+    assert "set:" in html and "rounds: &#x27;2&#x27;" in html
+
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
