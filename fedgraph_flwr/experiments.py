@@ -505,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             print((out / "table.md").read_text())
             print(f"{out} ({time.time() - t0:.0f}s)")
         else:
-            spec = load_grid(args.grid) if args.grid else None
-            md, _ = write_tables(Path(args.folder), spec)
+            saved_spec = load_grid(args.grid) if args.grid else None
+            md, _ = write_tables(Path(args.folder), saved_spec)
             print(md.read_text())
     except ConfigError as exc:
         print(f"fedgraph-experiments: error: {exc}", file=sys.stderr)
