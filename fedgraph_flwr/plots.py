@@ -81,6 +81,10 @@ def _round_axis(ax, rounds: list[int]) -> None:
 # a heatmap stretched over such noise would suggest structure that is not there.
 UNIFORM_RTOL = 1e-3
 MIXING_NAMES = ("weights", "mixing")
+# Similarities (cosine-like, of order 1) that all lie within this of each other are
+# drawn in one colour and called near-uniform: FedAux's APV similarity on Cora-10 spans
+# 0.99996-1.00000, which a colour bar stretched over it turns into false structure.
+UNIFORM_SIMILARITY_ATOL = 1e-3
 
 
 def _decimals(lo: float, hi: float) -> int:
@@ -96,7 +100,9 @@ def matrix_caption(name: str, matrix: np.ndarray) -> tuple[str, tuple[float, flo
     colour (else None: the colours span the data).
 
     Mixing weights (``weights``/``mixing`` diagnostics) that are all equal within
-    :data:`UNIFORM_RTOL` read "uniform mixing: every weight = 1/K"; any other matrix
+    :data:`UNIFORM_RTOL` read "uniform mixing: every weight = 1/K"; similarities
+    (``similarity``, ``similarity.<k>``) within :data:`UNIFORM_SIMILARITY_ATOL` of each
+    other read "near-uniform" and get one colour; any other matrix
     states its range with as many decimals as tell its ends apart. NaN entries (clients
     that sat out the round) are drawn blank and said so.
     """
@@ -113,6 +119,9 @@ def matrix_caption(name: str, matrix: np.ndarray) -> tuple[str, tuple[float, flo
         within = f" (all within ±{spread:.1e})" if spread > 0 else ""
         return f"uniform mixing: every weight = {value}{within}{blank}", (0.0, 2 * mean)
     d = _decimals(lo, hi)
+    if "similarity" in name.split(".") and hi - lo <= UNIFORM_SIMILARITY_ATOL:
+        return (f"near-uniform (no structure at this scale):\nevery similarity in "
+                f"{lo:.{d}f}–{hi:.{d}f}{blank}", (mean - 1.0, mean + 1.0))
     return f"range {lo:.{d}f}–{hi:.{d}f}{blank}", None
 
 

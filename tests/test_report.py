@@ -53,7 +53,12 @@ def test_heatmap_captions_state_the_range_and_uniform_mixing():
     caption, limits = matrix_caption("phase.mixing", near)
     assert caption.startswith("uniform mixing: every weight = 1/10 (all within ±") and limits
     similarity = np.array([[1.0, 0.9999], [0.9999, 1.0]])
-    assert matrix_caption("similarity", similarity) == ("range 0.99990–1.00000", None)
+    caption, limits = matrix_caption("similarity", similarity)
+    assert caption == "near-uniform (no structure at this scale):\nevery similarity in " \
+        "0.99990–1.00000" and limits == pytest.approx((-0.00005, 1.99995))
+    assert matrix_caption("similarity.2", similarity)[0].startswith("near-uniform")
+    assert matrix_caption("similarity", np.array([[1.0, 0.6], [0.6, 1.0]])) == (
+        "range 0.60–1.00", None)
     spread = np.array([[0.7, 0.3], [0.3, 0.7]])
     assert matrix_caption("weights", spread) == ("range 0.30–0.70", None)
 
