@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -234,7 +235,10 @@ class LocalDeployment:
             exe = L.clientapp_executor_cmd(str(self.node_tls / "ca.crt"), f"127.0.0.1:{port}")
             if self.stock_flower:
                 exe[0] = "flower-superexec"
-            self.start(executor, exe, env={**L.EXECUTOR_ENV, **self.clientapp_env})
+            # Each owner's own DP noise key (docs/privacy.md, "Whose noise"): a secret of
+            # its ClientApps that the server never sees; a dp run is refused without it.
+            noise_key = {"FEDGRAPH_DP_NOISE_KEY": f"{name}-{secrets.token_hex(16)}"}
+            self.start(executor, exe, env={**L.EXECUTOR_ENV, **self.clientapp_env, **noise_key})
 
     def up(self, partition_files: list[Path]) -> None:
         """Everything for clients ``0..len(partition_files)-1``, keys registered, nodes online."""

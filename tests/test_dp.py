@@ -80,6 +80,25 @@ def test_noise_is_reproducible_from_its_seed_and_keyed_by_the_owners_secret(monk
     assert not np.array_equal(noised(SEED), noised(SEED + key))
 
 
+def test_a_data_owner_without_its_noise_key_is_refused_at_the_handshake(monkeypatch):
+    """A deployment's data owner (its own partition-file) under dp with no noise key
+    would send noise the server can regenerate from the run's seed: refused in one line
+    before any training. Simulated clients (partition-id) keep the seeded, reproducible
+    noise of research runs."""
+    from fedgraph_flwr.engine import client_runtime as rt
+
+    config = resolve_config(None, {"dp": "client", "dp-noise-multiplier": 1.0}).client_config()
+    owner = rt.ClientIdentity(partition_id=0, source="file", path="/srv/client_0.npz")
+    monkeypatch.delenv(NOISE_KEY_ENV, raising=False)
+    with pytest.raises(ConfigError, match=f"needs {NOISE_KEY_ENV}") as refused:
+        rt.check_client_keys(config, owner)
+    assert "\n" not in str(refused.value)
+    rt.check_client_keys(config, rt.ClientIdentity(partition_id=0, source="cache"))
+    rt.check_client_keys(resolve_config(None, {}).client_config(), owner)  # dp off
+    monkeypatch.setenv(NOISE_KEY_ENV, "owner-0-secret")
+    rt.check_client_keys(config, owner)
+
+
 def test_arrays_that_cannot_carry_noise_are_refused():
     with pytest.raises(DpError, match="'slots' \\(int64\\)"):
         Mechanism(1.0, 1.0).privatize({"slots": np.arange(3)}, {}, {}, cover_upload=True,

@@ -97,7 +97,7 @@ def handshake(message: Message, context: Context) -> Message:
     """Load (and validate) the subgraph; report scalar facts about it."""
     try:
         config, identity, data, num_classes = _identity_and_data(message, context)
-        rt.check_client_keys(config)
+        rt.check_client_keys(config, identity)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
         return _data_error_reply(message, exc)
     info = rt.describe(data, num_classes, identity, rt.pick_device())

@@ -25,9 +25,9 @@ from .. import secure_aggregation as secure
 from ..algorithms import get_algorithm
 from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
-from ..config import ClientConfig, ClientSettings
+from ..config import ClientConfig, ClientSettings, ConfigError
 from ..privacy import scope as privacy_scope
-from ..privacy.mechanism import Mechanism, noise_key_words
+from ..privacy.mechanism import NOISE_KEY_ENV, Mechanism, noise_key_words
 from . import state_codec
 from .contract import TRAIN_POSITION, data_root_reason, peak_rss_mib, state_position
 
@@ -192,11 +192,20 @@ def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:
     raise ClientDataError(f"{folder}: no client_{partition_id}.npz or client_{partition_id}.pt")
 
 
-def check_client_keys(config: ClientSettings) -> None:
-    """secure-aggregation=ckks: this client's secret context loads (at the handshake, so a
-    missing key stops the run before any client trains); one line if not."""
+def check_client_keys(config: ClientSettings, identity: ClientIdentity | None = None) -> None:
+    """At the handshake, so that a missing key stops the run before any client trains, in
+    one line: under secure-aggregation=ckks this client's secret context loads; under dp, a
+    data owner serving its own file (``partition-file``: a deployment) has its noise key,
+    without which the noise is seeded by the run's seed, which the server knows."""
     if config.secure_aggregation == "ckks":
         secure.load_secret_context(config)
+    if config.dp != "off" and identity is not None and identity.source == "file" \
+            and not noise_key_words():
+        raise ConfigError(
+            f"dp={config.dp} on a data owner's own file needs {NOISE_KEY_ENV} (a secret the "
+            f"server never sees) in this ClientApp's environment: without it the noise is "
+            f"seeded by the run's seed, which the server knows and could subtract "
+            f"(docs/privacy.md, 'Whose noise')")
 
 
 def describe(data: Data, num_classes: int, identity: ClientIdentity, device: torch.device) -> dict[str, Any]:
