@@ -1,5 +1,6 @@
 """Algorithms: each a client trainer plus a server aggregator, registered by name."""
 
+from .. import pyg_warnings  # noqa: F401  (before any PyG import)
 from . import (
     adafgl,
     apfl,

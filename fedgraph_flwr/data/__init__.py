@@ -10,3 +10,5 @@ Modules (imported on demand; they pull in PyG):
   partition cache (``ensure_partitions``) and ``load_client``.
 - :mod:`.files`: reading, validating and writing client subgraph files (``.npz``/``.pt``).
 """
+
+from .. import pyg_warnings  # noqa: F401  (before any PyG import)

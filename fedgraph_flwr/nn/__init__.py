@@ -1,5 +1,7 @@
 """GNN layers and models (plain torch / PyG)."""
 
+from .. import pyg_warnings  # noqa: F401  (before any PyG import)
+
 
 def fork_server_warm_up() -> list[str]:
     """PyG generates and imports a ``propagate`` for each MessagePassing class the first
