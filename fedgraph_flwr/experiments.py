@@ -317,18 +317,15 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
 def grid_cells(spec: dict[str, Any]) -> set[str]:
     """The cell names a grid's runs will be tabulated under (as :func:`collect` names
     them), from its configs alone."""
-    runs = expand(spec, seeds=[0])
-    return set(group_cells([{"config": saved_config(resolve_config(None, o).all_keys())} for o in runs]))
+    return set(planned_rounds(spec))
 
 
 def planned_rounds(spec: dict[str, Any]) -> dict[str, int]:
     """Each cell's rounds as its grid file plans them (``--set`` aside): a paper's figure is
     compared only with runs of that length."""
     runs = expand(spec, seeds=[0])
-    configs = [resolve_config(None, o) for o in runs]
-    cells = group_cells([{"config": saved_config(c.all_keys()), "rounds": c.rounds}
-                         for c in configs])
-    return {cell: int(results[0]["rounds"]) for cell, results in cells.items()}
+    cells = group_cells([{"config": saved_config(resolve_config(None, o).all_keys())} for o in runs])
+    return {cell: int(results[0]["config"]["rounds"]) for cell, results in cells.items()}
 
 
 def group_cells(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
