@@ -34,6 +34,9 @@ from pathlib import Path, PurePosixPath
 SUPERLINK_PORT = 8000  # the SuperLink's one port (Fleet + Control + Runtime API; Flower's default)
 SUPERNODE_RUNTIME_PORT = 9094  # each SuperNode's Runtime API, on 127.0.0.1 of its host
 NUM_SUPERNODES = 3  # the compose file's federation (the e2e test's too)
+#: The walk-through's dataset signature (Cora), which an operator announces with the run
+#: and each owner's pre-flight checks its file against.
+README_FEATURES, README_CLASSES = 1433, 7
 # Flower's gRPC health service (``--health-server-address``, no TLS): on 127.0.0.1 only,
 # for the host's supervisor or the compose healthchecks (deploy/scripts/health_probe.py).
 # A SuperLink or SuperNode uses HEALTH_PORT; the executor beside it (same host or, in
@@ -185,13 +188,23 @@ def supernode_cmd(superlink: str, ca: str, auth_key: str, partition_file: str,
     ]
 
 
+def preflight_cmd(partition_file: str, features: int | str = README_FEATURES,
+                  classes: int | str = README_CLASSES) -> list[str]:
+    """``fedgraph-preflight``: the owner's file checked as the handshake will check it, and
+    against the run's dataset signature (feature width, classes), before the SuperNode starts."""
+    return ["fedgraph-preflight", partition_file, "--features", str(features),
+            "--classes", str(classes)]
+
+
 def register_cmd(public_key: str, connection: str = CONNECTION) -> list[str]:
     return ["flwr", "supernode", "register", public_key, connection]
 
 
 def run_cmd(app: str = ".", connection: str = CONNECTION, run_config: str | None = None,
             stream: bool = True) -> list[str]:
-    cmd = ["flwr", "run", app, connection]
+    """``fedgraph-run``: ``flwr run`` whose exit status is the run's outcome (0 completed,
+    1 failed or stopped), where ``flwr run --stream`` exits 0 either way."""
+    cmd = ["fedgraph-run", app, connection]
     if run_config:
         cmd += ["--run-config", run_config]
     if stream:
@@ -263,6 +276,7 @@ def readme_commands() -> dict[str, str]:
                                     SERVERAPP_ENV),
         "register": shell(register_cmd("keys/supernode-0.pub")),
         "runtime-tls": shell(make_tls_cmd(f'{out}/node-tls"', RUNTIME_CERT_NAME, [])),
+        "preflight": shell(preflight_cmd("/srv/fedgraph/client_0.npz")),
         "supernode": shell(supernode_cmd(
             addr, "ca.crt", "keys/supernode-0", "/srv/fedgraph/client_0.npz",
             f"node-tls/{RUNTIME_CERT_NAME}.pem", f"node-tls/{RUNTIME_CERT_NAME}.key",

@@ -9,7 +9,7 @@ SuperNode + ClientApp executor per ``DIR/client_<i>.npz``, writes the connection
 into ``WORKDIR/flwr-home/config.toml`` and waits (Ctrl-C stops everything). Then,
 in another shell::
 
-    FLWR_HOME=/tmp/fedgraph-local/flwr-home flwr run . fedgraph --stream \\
+    FLWR_HOME=/tmp/fedgraph-local/flwr-home fedgraph-run . fedgraph --stream \\
         --run-config 'num-clients=3 rounds=5 output-dir="/tmp/fedgraph-local/outputs"'
 
 The command lines are those of :mod:`layout` (the same the README gives for N

@@ -103,7 +103,7 @@ def test_process_layout(services):
     assert N >= 3
     expected = {"superlink", L.SERVERAPP_EXECUTOR, "register"}
     for i in range(N):
-        expected |= {L.supernode_name(i), L.clientapp_executor_name(i),
+        expected |= {f"preflight-{i}", L.supernode_name(i), L.clientapp_executor_name(i),
                      L.clientapp_executor_name(i) + "-gpu"}
     assert set(services) == expected
     programs = {name: s["command"][0] for name, s in services.items()}
@@ -121,7 +121,7 @@ def test_process_layout(services):
 
 def test_commands_parse_with_flowers_own_parsers(services):
     for service in services.values():
-        if service["command"][0] == "python":
+        if service["command"][0] in ("python", "fedgraph-preflight"):  # the latter is run below
             continue
         _args(service)  # argparse exits (SystemExit) on any unknown/invalid flag
 
@@ -176,7 +176,8 @@ def test_each_supernode_has_its_own_partition_read_only(services):
         assert PurePosixPath(path).parent == L.CONTAINER_DATA
         ids.append(identify(node_config, {"num-clients": N}).partition_id)
         # The ClientApp runs in the executor: the file must be there, read-only; only its own.
-        for service in (name, L.clientapp_executor_name(i), L.clientapp_executor_name(i) + "-gpu"):
+        for service in (name, f"preflight-{i}", L.clientapp_executor_name(i),
+                        L.clientapp_executor_name(i) + "-gpu"):
             mounts = _mounts(services[service])
             assert mounts[path] == (f"./{L.GEN_PARTITIONS}/{PurePosixPath(path).name}", True)
             data = [c for c in mounts if c.startswith(str(L.CONTAINER_DATA))]
@@ -205,7 +206,8 @@ def test_register_service_registers_every_supernode_key(services):
     assert not any(c.startswith(str(L.CONTAINER_KEYS)) and not c.endswith(".pub") for c in mounts)
     for i in range(N):
         assert services[L.supernode_name(i)]["depends_on"] == {
-            "register": {"condition": "service_completed_successfully"}}
+            "register": {"condition": "service_completed_successfully"},
+            f"preflight-{i}": {"condition": "service_completed_successfully"}}
 
 
 def test_gpu_reservation_is_an_opt_in_profile(services):
@@ -229,6 +231,8 @@ def test_every_host_path_is_written_by_prepare(services, prepared):
         L.partition_file_name(i) for i in range(N)]
     env = dict(line.split("=", 1) for line in (prepared / ".env").read_text().split())
     assert env["COMPOSE_PROFILES"] == "cpu" and env["FEDGRAPH_UID"].isdigit()
+    # The dataset signature each preflight-<i> checks its file against: the files' own.
+    assert (env["FEDGRAPH_FEATURES"], env["FEDGRAPH_CLASSES"]) == ("1433", "7")
     host_cfg = tomllib.loads((prepared / "flwr-home" / "config.toml").read_text())
     conn = host_cfg["superlink"][L.CONNECTION]
     assert conn["address"] == f"127.0.0.1:{L.SUPERLINK_PORT}"
@@ -241,6 +245,27 @@ def test_every_host_path_is_written_by_prepare(services, prepared):
     cert = x509.load_pem_x509_certificate((prepared / "tls" / "superlink.pem").read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {"superlink", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
+
+
+def test_each_supernode_starts_only_after_its_file_passes_preflight(services, prepared):
+    """preflight-<i>: fedgraph-preflight on the SuperNode's own file (README step 5's
+    command), no network, not restarted; its SuperNode waits for it to succeed. Run here on
+    the prepared files with the .env signature compose substitutes: all pass."""
+    env = dict(line.split("=", 1) for line in (prepared / ".env").read_text().split())
+    for i in range(N):
+        check = services[f"preflight-{i}"]
+        partition = str(L.CONTAINER_DATA / L.partition_file_name(i))
+        assert check["command"] == L.preflight_cmd(partition, "${FEDGRAPH_FEATURES:-1433}",
+                                                   "${FEDGRAPH_CLASSES:-7}")
+        assert check["network_mode"] == "none" and check["restart"] == "no"
+        needs = services[L.supernode_name(i)]["depends_on"]
+        assert needs[f"preflight-{i}"] == {"condition": "service_completed_successfully"}
+        cmd = [re.sub(r"\$\{(\w+):-\d+\}", lambda m: env[m.group(1)], a) for a in check["command"]]
+        cmd[1] = str(prepared / "partitions" / L.partition_file_name(i))
+        out = subprocess.run([sys.executable, "-m", "fedgraph_flwr.preflight", *cmd[1:]],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip().endswith(": ready"), out.stderr
+        assert f"client {i}:" in out.stdout
 
 
 def test_image_holds_the_app_the_compose_file_runs():
@@ -356,14 +381,15 @@ def test_healthchecks_ask_flowers_health_service(services):
     for profile in ("cpu", "gpu"):  # the services that run together
         by_namespace: dict[str, set[str]] = {}
         for name, service in services.items():
-            if name == "register" or service.get("profiles", [profile]) != [profile]:
+            if name == "register" or name.startswith("preflight-") \
+                    or service.get("profiles", [profile]) != [profile]:  # one-shot services
                 continue
             namespace = service.get("network_mode", f"service:{name}")
             ports = by_namespace.setdefault(namespace, set())
             assert _health_address(service) not in ports, f"{name}: health port taken"
             ports.add(_health_address(service))
     for name, service in services.items():
-        if name == "register":
+        if name == "register" or name.startswith("preflight-"):
             assert "healthcheck" not in service  # one-shot
             continue
         address = _health_address(service)
@@ -423,6 +449,9 @@ def test_systemd_units_run_the_readme_commands():
         assert "Environment=FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in text
         assert lines["KillSignal"] == "SIGTERM" and int(lines["TimeoutStopSec"]) <= 10
         assert lines["KillMode"] == "control-group" and lines["Restart"] in ("on-failure", "always")
+        if name == "fedgraph-supernode@.service":  # the owner's pre-flight first, as README says
+            pre = shlex.split(lines["ExecStartPre"].replace("%i", "0"))
+            assert [Path(pre[0]).name, *pre[1:]] == shlex.split(readme["preflight"])
     logrotate = (DEPLOY / "systemd" / "fedgraph-logrotate").read_text()
     paths = [line for line in logrotate.split("{")[0].splitlines() if line.startswith("/")]
     assert "copytruncate" in logrotate and paths and not any("superlink" in p for p in paths)

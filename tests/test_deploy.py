@@ -92,7 +92,8 @@ def deployment(tmp_path_factory, reference_partitions):
 
 
 def flwr_run(dep, run_name: str, extra: dict | None = None, timeout: float = RUN_TIMEOUT):
-    """``flwr run <app> fedgraph --run-config ... --stream``; returns (process, results or None)."""
+    """deploy/README's run command, ``fedgraph-run <app> fedgraph --run-config ... --stream``
+    (``flwr run`` with the run's outcome as exit status); returns (process, results or None)."""
     cfg = {"algorithm": algorithm_under_test(), "num-clients": NUM_CLIENTS, "hidden": 32,
            "output-dir": str(dep.tmp / "outputs"), "run-name": run_name, **(extra or {})}
     run_config = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={str(v).lower()}"
@@ -546,7 +547,7 @@ def test_serverapp_killed_at_random_round_resumes_to_identical_results(deploymen
         for pid in serverapps:
             os.kill(pid, signal.SIGKILL)
         at_kill = _checkpoint_round(ckpt)
-        os.killpg(crashed.pid, signal.SIGKILL)  # `flwr run --stream` of the dead run
+        os.killpg(crashed.pid, signal.SIGKILL)  # `fedgraph-run` (and its `flwr run`) of the dead run
         crashed.wait()
         assert not (out / "resume-crashed" / "results.json").exists()
         resumed = start_run(dep, dep.app, config("resume-crashed", resume=True))
@@ -582,6 +583,11 @@ def test_bad_partition_file_stops_the_run_with_a_clear_error(deployment, problem
             arrays = {k: f[k] for k in f.files}
         arrays["x"] = np.ascontiguousarray(arrays["x"][:, :1000])
         np.savez(bad, **arrays)
+    # The owner's pre-flight (deploy/README step 5) finds it before the SuperNode starts.
+    check = subprocess.run([*L.preflight_cmd(str(bad))], env=dep.env, capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode == 1 and check.stderr.count("\n") == 1, check.stderr
+    assert ("no such file" if problem == "missing" else "feature width 1000") in check.stderr
     dep.make_keys([name])
     # The bulk script of the README / compose file: registers the new key, skips a known one.
     out = cluster.check_call([sys.executable, str(DEPLOY / "scripts" / "register_keys.py"),
@@ -596,6 +602,9 @@ def test_bad_partition_file_stops_the_run_with_a_clear_error(deployment, problem
         assert results is None, "the run trained although a client's file is unusable"
         run_id = re.search(r"Successfully started run (\d+)", out.stdout)
         assert run_id, _context(dep, out)
+        # fedgraph-run, the documented launcher, exits 1 where `flwr run --stream` exits 0.
+        assert out.returncode == 1, _context(dep, out)
+        assert f"fedgraph-run: run {run_id.group(1)} finished:failed" in out.stderr, _context(dep, out)
         status = json.loads(cluster.check_call(
             ["flwr", "ls", L.CONNECTION, "--run-id", run_id.group(1), "--format", "json"], dep.env))
         text = out.stdout + out.stderr + json.dumps(status)

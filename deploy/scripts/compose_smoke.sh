@@ -132,11 +132,15 @@ say "up in $(( $(date +%s) - t0 )) s"
 RUN_NAME=compose-smoke
 t0=$(date +%s)
 # README's run command (deploy/README.md, "Docker Compose"), with fewer rounds and a run name.
-FLWR_HOME="$WORK/generated/flwr-home" timeout 900 flwr run "$ROOT" fedgraph --stream --run-config \
+FLWR_HOME="$WORK/generated/flwr-home" timeout 900 fedgraph-run "$ROOT" fedgraph --stream --run-config \
   "algorithm=\"fedaux\" num-clients=3 rounds=$ROUNDS client-state=\"file\" output-dir=\"/app/outputs\" run-name=\"$RUN_NAME\"" \
-  2>&1 | tee "$WORK/run.log" | grep -E "round [0-9]+/|test at|results written|rror" || true
-say "flwr run took $(( $(date +%s) - t0 )) s"
+  >"$WORK/run.log" 2>&1 &
+RUN_PID=$!
+tail -n +1 -f --pid="$RUN_PID" "$WORK/run.log" | grep --line-buffered -E "round [0-9]+/|test at|results written|rror|fedgraph-run" || true
+RUN_RC=0; wait "$RUN_PID" || RUN_RC=$?
+say "fedgraph-run took $(( $(date +%s) - t0 )) s, exit status $RUN_RC"
 RESULTS="$WORK/generated/outputs/$RUN_NAME/results.json"
+[ "$RUN_RC" = 0 ] || { tail -n 20 "$WORK/run.log" >&2; die "fedgraph-run exited with status $RUN_RC"; }
 [ -f "$RESULTS" ] || { "${COMPOSE[@]}" -p "$PROJECT" logs --tail 40 >&2 || true; die "no $RESULTS"; }
 python3 - "$RESULTS" "$ROUNDS" <<'EOF'
 import json, math, sys

@@ -8,7 +8,9 @@
 Layout (Flower's Docker guide, ``--isolation process``): ``superlink`` +
 ``superexec-serverapp`` (shares the SuperLink's network namespace, so the Runtime
 API is reached on 127.0.0.1); ``register`` (one shot: registers every SuperNode's
-public key, then exits; the SuperNodes start after it); per client ``supernode-<i>``
+public key, then exits; the SuperNodes start after it); per client ``preflight-<i>``
+(one shot: ``fedgraph-preflight`` on its file; its SuperNode starts only if it passes),
+``supernode-<i>``
 and its ClientApp executor ``superexec-clientapp-<i>`` (profile ``cpu``) or
 ``superexec-clientapp-<i>-gpu`` (profile ``gpu``, reserves one NVIDIA GPU), in the
 SuperNode's network namespace. The executor is where the ClientApp runs, so the
@@ -93,6 +95,10 @@ def _image(gpu: bool, build: bool = False) -> dict:
     return spec
 
 
+def preflight_name(i: int) -> str:
+    return f"preflight-{i}"
+
+
 def _ro(host: str, container) -> str:
     return f"./{host}:{container}:ro"
 
@@ -153,6 +159,17 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
         name = L.supernode_name(i)
         partition = str(data / L.partition_file_name(i))
         partition_mount = _ro(f"{L.GEN_PARTITIONS}/{L.partition_file_name(i)}", partition)
+        # One shot: the file checked as the handshake will check it, against the dataset
+        # signature prepare.py wrote to .env; the SuperNode starts only if it passes.
+        services[preflight_name(i)] = {
+            **_image(False),
+            "command": L.preflight_cmd(partition, f"${{FEDGRAPH_FEATURES:-{L.README_FEATURES}}}",
+                                       f"${{FEDGRAPH_CLASSES:-{L.README_CLASSES}}}"),
+            "volumes": [partition_mount],
+            "network_mode": "none",
+            "logging": LOGGING,
+            "restart": "no",  # a bad file: `up` says so and stops, rather than retrying
+        }
         services[name] = {
             **_image(False),
             "command": L.supernode_cmd(
@@ -167,7 +184,8 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
                   for f in ("ca.crt", f"{L.RUNTIME_CERT_NAME}.pem", f"{L.RUNTIME_CERT_NAME}.key")],
                 partition_mount,
             ],
-            "depends_on": {"register": {"condition": "service_completed_successfully"}},
+            "depends_on": {"register": {"condition": "service_completed_successfully"},
+                           preflight_name(i): {"condition": "service_completed_successfully"}},
             "healthcheck": _healthcheck(f"127.0.0.1:{L.HEALTH_PORT}"),
             "logging": LOGGING,
             "restart": "unless-stopped",

@@ -14,7 +14,8 @@ Writes (idempotent: existing TLS material and keys are kept)::
     generated/flwr-home-compose/config.toml the `register` service's connection -> superlink
     generated/state/  generated/outputs/    SuperLink database, run outputs
     .env                                    COMPOSE_PROJECT_NAME, COMPOSE_PROFILES=cpu,
-                                            FEDGRAPH_UID/GID, FEDGRAPH_PUBLISH=127.0.0.1
+                                            FEDGRAPH_UID/GID, FEDGRAPH_PUBLISH=127.0.0.1,
+                                            FEDGRAPH_FEATURES/CLASSES (the files' signature)
 
 The number of clients is the compose file's (``layout.NUM_SUPERNODES``) unless
 ``--clients`` says otherwise (then render the compose file with the same number:
@@ -29,6 +30,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 DEPLOY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(DEPLOY))
@@ -60,6 +63,20 @@ def write_connection(home: Path, address: str, ca: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "{L.CONNECTION}"\n\n' + L.connection_toml(address, ca))
+
+
+def dataset_signature(folder: Path, clients: int) -> tuple[int, int]:
+    """The feature width and class count of the prepared files: what each SuperNode's
+    ``preflight-<i>`` service checks its file against (FEDGRAPH_FEATURES/_CLASSES in .env)."""
+    widths, classes = set(), 0
+    for i in range(clients):
+        with np.load(folder / L.partition_file_name(i), allow_pickle=False) as f:
+            widths.add(int(f["x"].shape[1]))
+            classes = max(classes, int(f["y"].max()) + 1,
+                          int(f["num_classes"]) if "num_classes" in f.files else 0)
+    if len(widths) != 1:
+        sys.exit(f"prepare.py: the client files disagree on the feature width: {sorted(widths)}")
+    return widths.pop(), classes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         env.update(line.split("=", 1) for line in env_file.read_text().splitlines()
                    if "=" in line and not line.lstrip().startswith("#"))
     env.update(FEDGRAPH_UID=str(os.getuid()), FEDGRAPH_GID=str(os.getgid()))
+    features, classes = dataset_signature(gen / "partitions", args.clients)
+    env.update(FEDGRAPH_FEATURES=str(features), FEDGRAPH_CLASSES=str(classes))
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     print(f"prepared {args.clients} clients under {gen} (and {env_file})")
     return 0
