@@ -83,6 +83,10 @@ class ClientSettings(Options):
     partition_seed: int = option(1234, "seed of the partition")
     data_root: str = option("", "where datasets and partitions live (else FEDGRAPH_DATA_ROOT, "
                             "else the user cache)")
+    download: bool = option(True, "fetch a dataset missing from the data root once, through "
+                            "PyG's own download (false: offline sites, deployments)")
+    download_url: str = option("", "download: a mirror of the PyG class's host, same file "
+                               "layout (empty: PyG's own)")
     # how it trains (algorithms/)
     seed: int = option(0, "model and training seed")
     local_epochs: int = option(1, "local epochs per round", low=1)

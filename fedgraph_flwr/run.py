@@ -205,7 +205,7 @@ def config_error(args: Sequence[str]) -> str | None:
     if values.get("data-root") and is_local_superlink(superlink):
         from .engine.contract import missing_dataset
 
-        missing = missing_dataset(config)
+        missing = missing_dataset(config, fetch=True)
         if missing:
             return f"{ERROR_LINE}{missing.removeprefix('DataRootError: ')}"
     return None

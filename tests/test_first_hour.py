@@ -117,7 +117,7 @@ def _messages_without_a_run(monkeypatch):
 
     monkeypatch.setattr(flower_transport, "Message", message)
     # The handshake's own lines: no dataset check before it (tested on its own below).
-    monkeypatch.setattr(flower_transport, "missing_dataset", lambda config: None)
+    monkeypatch.setattr(flower_transport, "missing_dataset", lambda config, fetch=False: None)
 
 
 def _connect(grid, **config):
@@ -174,8 +174,8 @@ def test_a_simulation_checks_the_dataset_before_the_handshake(tmp_path, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(flower_transport, "missing_dataset", missing_dataset)
     grid = InMemoryGrid(list(range(1, 11)), _error(ERROR_DATA, "never asked"))
-    with pytest.raises(RunAborted) as failed:
-        _connect(grid)
+    with pytest.raises(RunAborted) as failed:  # an offline site (downloads: test_download.py)
+        _connect(grid, download=False)
     assert not grid.sent
     assert str(failed.value).startswith(
         "the 10 simulated clients cannot load their data: DataRootError: dataset 'Cora' is not "
@@ -195,7 +195,7 @@ def test_no_check_failure_where_the_data_is(data_root, tmp_path, monkeypatch):
 def test_missing_dataset_names_where_the_client_looked(tmp_path, monkeypatch):
     monkeypatch.delenv("FEDGRAPH_DATA_ROOT", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    config = resolve_config({"dataset": "Cora", "num-clients": 2})
+    config = resolve_config({"dataset": "Cora", "num-clients": 2, "download": False})
     with pytest.raises(rt.DataRootError, match=r"not available under .*cache/fedgraph-flwr: "
                        r"missing Cora/raw/.* \(the default data root: neither data-root nor "
                        r"FEDGRAPH_DATA_ROOT is set here\)$"):

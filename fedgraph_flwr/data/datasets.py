@@ -1,9 +1,13 @@
 """Dataset registry and loaders (PyG's own dataset classes + the papers' preprocessing).
 
 Root layout follows PyG: ``<root>/<folder>/raw/<files>`` (e.g. ``root/Cora/raw``,
-``root/minesweeper/raw``, ``root/ogbn_arxiv/raw``). Nothing is ever downloaded here: the
-raw files are checked *before* a PyG class is built, and a missing file raises
-:class:`DatasetNotAvailable` at once.
+``root/minesweeper/raw``, ``root/ogbn_arxiv/raw``). :func:`load_dataset` never downloads:
+the raw files are checked *before* a PyG class is built, and a missing file raises
+:class:`DatasetNotAvailable` at once. :func:`fetch_dataset` is the one place that
+downloads (run-config ``download``, on by default): through the PyG class's own
+``download()``, once per data root (a file lock; concurrent ClientApps wait, then find
+the files), into a temporary folder whose files are moved into ``raw/`` only when all
+of them arrived.
 
 Preprocessing (fedaux.md §5, fediih.md §7, fedspray.md §6):
 
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import socket
 import urllib.error
-from collections.abc import Callable
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,10 +144,78 @@ def _not_available(spec: DatasetSpec, root: Path, missing: list[str], why: str =
     shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
     reason = f" ({why})" if why else ""
     return DatasetNotAvailable(
-        f"dataset {spec.name!r} is not available under {root}{reason}: missing {shown}; "
-        f"downloads are not attempted - set run-config data-root (or env FEDGRAPH_DATA_ROOT) "
-        f"to a folder holding <root>/{spec.folder}/raw/..."
+        f"dataset {spec.name!r} is not available under {root}{reason}: missing {shown}"
+        f"{DATA_ROOT_HINT}<root>/{spec.folder}/raw/..."
     )
+
+
+#: Where a DatasetNotAvailable message turns from what is missing to how to fix it.
+DATA_ROOT_HINT = "; set run-config data-root (or env FEDGRAPH_DATA_ROOT) to a folder holding "
+#: Seconds a download may stall (PyG's own urlopen has no timeout).
+DOWNLOAD_TIMEOUT_S = 60.0
+
+
+def _pyg_class(spec: DatasetSpec, url: str = "") -> type:
+    """The PyG class that loads (and downloads) ``spec``; with ``url``, a subclass that
+    fetches from that mirror of the class's own host (same file layout)."""
+    from torch_geometric import datasets as D
+
+    classes = {"planetoid": D.Planetoid, "amazon": D.Amazon, "coauthor": D.Coauthor,
+               "heterophilous": D.HeterophilousGraphDataset, "wikics": D.WikiCS,
+               "flickr": D.Flickr}
+    cls = classes[spec.family]
+    if not url:
+        return cls
+    if not isinstance(getattr(cls, "url", None), str):
+        raise DatasetNotAvailable(f"dataset {spec.name!r}: download-url cannot be used, PyG's "
+                                  f"{cls.__name__} does not download from one base URL")
+    return type(cls.__name__, (cls,), {"url": url.rstrip("/") + ("/" if cls.url.endswith("/") else "")})
+
+
+def fetch_dataset(name: str, root: str | Path, url: str = "") -> bool:
+    """Download dataset ``name``'s raw files into ``root`` through its PyG class, unless
+    they are there; True if this call downloaded them. Raises :class:`DatasetNotAvailable`
+    (one line) when the download fails. Safe under concurrent calls: one process
+    downloads, the others wait on the lock and then find the files."""
+    from ..atomic import file_lock
+
+    spec = get_spec(name)
+    root = Path(root).expanduser()
+    if spec.family == "synthetic" or not missing_raw_files(spec.name, root):
+        return False
+    if spec.family == "ogb":
+        raise _not_available(spec, root, missing_raw_files(spec.name, root),
+                             "ogb datasets are not downloaded here: fetch them with ogb")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = root / f".{spec.folder}.download.lock"
+        lock.touch()
+    except OSError as exc:
+        raise _not_available(spec, root, missing_raw_files(spec.name, root),
+                             f"cannot download into it: {exc.strerror or exc}") from exc
+    with file_lock(lock):
+        missing = missing_raw_files(spec.name, root)
+        if not missing:
+            return False  # another process downloaded it while this one waited
+        staging = root / f".download-{spec.folder}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+        try:
+            _pyg_dataset(spec, staging, url)  # PyG's download(), then its processing
+            raw = root / spec.folder / "raw"
+            raw.mkdir(parents=True, exist_ok=True)
+            for rel in spec.raw_files:  # all arrived: move them in, each atomically
+                os.replace(staging / spec.folder / rel, root / spec.folder / rel)
+        except DatasetNotAvailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - urllib, fsspec, HTTP and file errors alike
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise _not_available(spec, root, missing, f"its download through PyG failed: "
+                                 f"{type(exc).__name__}: {first[:200]}") from exc
+        finally:
+            socket.setdefaulttimeout(previous)
+            shutil.rmtree(staging, ignore_errors=True)
+    return True
 
 
 def _writable_root(spec: DatasetSpec, root: Path) -> Path:
@@ -170,22 +244,20 @@ def _writable_root(spec: DatasetSpec, root: Path) -> Path:
     return shadow
 
 
-def _pyg_dataset(spec: DatasetSpec, root: Path) -> Data:
-    """Instantiate the PyG class (raw files are known to exist) and return its graph."""
-    from torch_geometric import datasets as D
-
+def _pyg_dataset(spec: DatasetSpec, root: Path, url: str = "") -> Data:
+    """Instantiate the PyG class and return its graph: it downloads what is missing under
+    ``root`` (from ``url``, a mirror, if given), which :func:`load_dataset` rules out by
+    checking the raw files first."""
+    if spec.family == "ogb":
+        return _ogb_arxiv(root)[0]
+    cls = _pyg_class(spec, url)
     # PyG's processed/ cache only holds the raw graph; our transforms run below, every time.
-    builders: dict[str, Callable[[], object]] = {
-        "planetoid": lambda: D.Planetoid(str(root), spec.pyg_arg),
-        "amazon": lambda: D.Amazon(str(root), spec.pyg_arg),
-        "coauthor": lambda: D.Coauthor(str(root), spec.pyg_arg),
-        "heterophilous": lambda: D.HeterophilousGraphDataset(str(root), spec.pyg_arg),
-        "wikics": lambda: D.WikiCS(str(root / spec.folder), is_undirected=True),
-        "flickr": lambda: D.Flickr(str(root / spec.folder)),
-        "ogb": lambda: _ogb_arxiv(root),
-    }
-    dataset = builders[spec.family]()
-    return dataset[0]  # type: ignore[index]
+    if spec.family in ("wikics", "flickr"):
+        dataset = cls(str(root / spec.folder), **({"is_undirected": True}
+                                                  if spec.family == "wikics" else {}))
+    else:
+        dataset = cls(str(root), spec.pyg_arg)
+    return dataset[0]
 
 
 def _ogb_arxiv(root: Path):

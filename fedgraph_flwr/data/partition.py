@@ -34,8 +34,6 @@ histogram) and ``diagnostics`` (:mod:`.noniid`): the edge cut and FedAux's non-I
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -43,7 +41,7 @@ import platform
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +50,13 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
+from ..atomic import file_lock
 from . import files, noniid
 from .datasets import (
     _not_available,
     canonical_name,
     default_data_root,
+    fetch_dataset,
     get_spec,
     load_dataset,
     missing_raw_files,
@@ -386,16 +386,6 @@ def _is_valid(folder: Path, key: Mapping[str, Any], verify: bool) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def build_partitions(key: Mapping[str, Any], data_root: Path, out_dir: Path) -> dict[str, Any]:
     """Load, split and partition the dataset of ``key`` into ``out_dir``; return the manifest."""
     t0 = time.perf_counter()
@@ -452,9 +442,11 @@ def ensure_partitions(config: ClientSettings, verify: bool = True) -> Path:
     target = root / cache_name(key)
     if _is_valid(target, key, verify):
         return target
-    with _file_lock(root / f".{target.name}.lock"):
+    with file_lock(root / f".{target.name}.lock"):
         if _is_valid(target, key, verify):  # another process built it while we waited
             return target
+        if config.download:
+            fetch_dataset(key["dataset"], _config_root(config), config.download_url)
         tmp = root / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             build_partitions(key, _config_root(config), tmp)
@@ -490,7 +482,7 @@ def ensure_diagnostics(config: ClientSettings,
     manifest = read_manifest(folder)
     if _has_diagnostics(manifest):
         return manifest
-    with _file_lock(folder.parent / f".{folder.name}.lock"):
+    with file_lock(folder.parent / f".{folder.name}.lock"):
         manifest = read_manifest(folder)
         if _has_diagnostics(manifest):  # another process added it meanwhile
             return manifest

@@ -46,20 +46,34 @@ def state_position(config: ClientSettings, server_round: int, phase: Phase | Non
 def data_root_reason(message: str, config: ClientSettings) -> str:
     """Where the dataset's files are missing and where that root came from; the server
     adds how to point the clients elsewhere (flower_transport.data_root_hint)."""
-    first = message.splitlines()[0].split("; downloads are not attempted")[0]
+    from ..data.datasets import DATA_ROOT_HINT  # heavy: only for a failure
+
+    first = message.splitlines()[0].split(DATA_ROOT_HINT)[0]
     return f"{first} ({config.data_root_source})"
 
 
-def missing_dataset(config: ClientSettings) -> str | None:
-    """The :class:`.client_runtime.DataRootError` every client of this run would raise here, without
-    loading anything (this process's data root and files), or None. The ServerApp of a
-    simulation asks it before the handshake: its ClientApps share its environment."""
+def missing_dataset(config: ClientSettings, fetch: bool = False) -> str | None:
+    """The :class:`.client_runtime.DataRootError` every client of this run would raise here
+    (this process's data root and files), or None. The ServerApp of a simulation asks it
+    before the handshake: its ClientApps share its environment. With ``fetch`` and
+    ``download`` on, a missing dataset is downloaded first (once, saying so), so that the
+    clients find it and a failed download is one line before any client starts."""
     if config.partition == "files":
         return None
     from ..data import partition  # heavy: only when asked
+    from ..data.datasets import DatasetNotAvailable, fetch_dataset
 
-    why = partition.unavailable_dataset(dataclasses.replace(config,
-                                                            data_root=str(config.data_root_path)))
+    resolved = dataclasses.replace(config, data_root=str(config.data_root_path))
+    why = partition.unavailable_dataset(resolved)
+    if why is not None and fetch and config.download:
+        where = config.download_url or "PyG's own host"
+        print(f"fedgraph-flwr: dataset {config.dataset} is not under {config.data_root_path}: "
+              f"downloading it once from {where} (download=false never does)", flush=True)
+        try:
+            fetch_dataset(config.dataset, config.data_root_path, config.download_url)
+            why = partition.unavailable_dataset(resolved)
+        except DatasetNotAvailable as exc:
+            why = str(exc)
     return None if why is None else f"DataRootError: {data_root_reason(why, config)}"
 
 

@@ -200,7 +200,7 @@ class FlowerTransport(Transport):
             # A simulation's ClientApps run with this process's environment and files: a
             # dataset missing here is missing for all of them, said now rather than after
             # Ray has started them all.
-            reason = missing_dataset(config)
+            reason = missing_dataset(config, fetch=True)
             if reason:
                 raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
                                  f"{reason}{data_root_hint(config, simulated)}")
