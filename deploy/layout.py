@@ -98,6 +98,11 @@ EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 # (fedgraph_flwr.engine.accelerate.OPT_IN_ENV: a reply's objects retried after 20 ms, given
 # up at the round's deadline); stock flower-superexec without it runs Flower untouched.
 SERVERAPP_ENV = {**EXECUTOR_ENV, "FEDGRAPH_FLOWER_SPEEDUPS": "1"}
+# A container's ClientApp executor shares its SuperNode's network namespace: when that
+# SuperNode's container restarts, the executor is left in the dead namespace. It exits
+# after this many seconds without its SuperNode (fedgraph_flwr/engine/accelerate/
+# superexec.py) and the restart policy starts it again in the new one.
+CONTAINER_EXECUTOR_ENV = {"FEDGRAPH_EXIT_IF_SUPERNODE_GONE_S": "10"}
 
 
 def supernode_name(i: int) -> str:

@@ -1,20 +1,36 @@
-"""Shared fixtures: a private copy of ../shared/datasets (never write into shared/).
+"""Shared fixtures: a private copy of the raw datasets (never write where they come from).
 
-From a clean clone without ../shared the tests that need the real datasets or the
-reference partitions skip (``data_root``, ``shared_dir``, ``reference_partitions``,
-``requires_datasets``); the synthetic ones (SBM, CSBM: ``synthetic_root``) always run.
+The raw datasets come from ../shared/datasets beside the checkout (as in CI), else from
+``$FEDGRAPH_DATA_ROOT`` when it holds Cora's raw files (the data root a user filled).
+Without either, the tests that need the real datasets skip (``data_root``,
+``requires_datasets``), as do those of the reference partitions without ../shared
+(``shared_dir``, ``reference_partitions``); the synthetic ones (SBM, CSBM:
+``synthetic_root``) always run.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-DATASETS = SHARED / "datasets"
-NO_DATASETS = "../shared/datasets not found: dataset tests skipped"
+
+
+def _datasets_dir() -> Path:
+    shared = SHARED / "datasets"
+    env = os.environ.get("FEDGRAPH_DATA_ROOT", "")
+    if not shared.is_dir() and env and (Path(env).expanduser() / "Cora" / "raw").is_dir():
+        return Path(env).expanduser()
+    return shared
+
+
+#: Where the tests' raw datasets are read from (copied, never written).
+DATASETS = _datasets_dir()
+NO_DATASETS = ("no raw datasets: neither ../shared/datasets nor a FEDGRAPH_DATA_ROOT holding "
+               "Cora/raw: dataset tests skipped")
 
 #: For tests that read ../shared directly instead of through a fixture.
 requires_datasets = pytest.mark.skipif(not DATASETS.is_dir(), reason=NO_DATASETS)
@@ -28,13 +44,15 @@ def shared_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def data_root(tmp_path_factory, shared_dir) -> Path:
-    """A writable data root holding copies of the shared raw datasets."""
+def data_root(tmp_path_factory) -> Path:
+    """A writable data root holding copies of the raw datasets (their raw/ folders)."""
+    if not DATASETS.is_dir():
+        pytest.skip(NO_DATASETS)
     root = tmp_path_factory.mktemp("data")
     for name in ("Cora", "CiteSeer", "minesweeper", "tolokers"):
-        src = shared_dir / "datasets" / name
+        src = DATASETS / name / "raw"
         if src.is_dir():
-            shutil.copytree(src, root / name)
+            shutil.copytree(src, root / name / "raw")
     return root
 
 

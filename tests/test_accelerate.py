@@ -173,6 +173,57 @@ def test_supernode_poll_cap_applies_to_the_loop_module_only(monkeypatch):
     assert real_time.sleep is not loop.time.sleep  # nobody else's sleep changed
 
 
+@through_the_guard
+def test_supernode_declares_a_10s_heartbeat_so_a_crashed_one_is_let_back_in_20s(monkeypatch):
+    """fedgraph-supernode declares the SuperLink's minimum heartbeat interval: the SuperLink
+    then counts a SuperNode that died without signing off as online for 2 x 10 s, not
+    2 x 30 s, and refuses its restarted self only that long."""
+    import importlib
+
+    from flwr.common.constant import HEARTBEAT_PATIENCE
+    import inspect
+
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+    from flwr.superlink.servicer.fleet.fleet_handlers import _validate_heartbeat_interval
+
+    modules = [importlib.import_module(name) for name in fps.HEARTBEAT_MODULES]
+    for module in modules:
+        assert module.HEARTBEAT_DEFAULT_INTERVAL == 30  # Flower's, untouched until asked
+        monkeypatch.setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", 30)  # restored after
+    fps.shorten_heartbeat()
+    assert all(m.HEARTBEAT_DEFAULT_INTERVAL == fps.HEARTBEAT_INTERVAL == 10 for m in modules)
+    _validate_heartbeat_interval(fps.HEARTBEAT_INTERVAL)  # the SuperLink accepts it
+    # The SuperLink keeps an activated node online for PATIENCE x the interval it declared.
+    for state in (InMemoryLinkState, SqlLinkState):
+        assert "HEARTBEAT_PATIENCE * heartbeat_interval" in inspect.getsource(state.activate_node)
+    assert HEARTBEAT_PATIENCE * fps.HEARTBEAT_INTERVAL == 20
+
+
+def test_executor_exits_once_its_supernode_is_gone(monkeypatch):
+    """With FEDGRAPH_EXIT_IF_SUPERNODE_GONE_S (compose sets it), a watcher thread gives up
+    on a Runtime API address that has refused connections that long; not before."""
+    import socket
+    import threading
+
+    assert fse.runtime_api_address(["--insecure", "--runtime-api-address", "127.0.0.1:9094"]) \
+        == "127.0.0.1:9094"
+    assert fse.runtime_api_address(["--runtime-api-address=[::1]:9"]) == "[::1]:9"
+    assert fse.runtime_api_address(["--insecure"]) == ""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    lost = threading.Event()
+    seconds: list[float] = []
+    fse.watch_supernode(address, 0.5, lambda s: (seconds.append(s), lost.set()), period_s=0.1)
+    assert not lost.wait(1.5)  # the SuperNode answers: nothing happens
+    listener.close()  # the SuperNode dies
+    t0 = time.monotonic()
+    assert lost.wait(5.0)
+    assert 0.3 < time.monotonic() - t0 < 3.0 and seconds[0] >= 0.5
+
+
 def test_supernode_poll_interval_is_validated():
     with pytest.raises(SystemExit):
         accelerate.supernode_main(["--poll-interval", "0", "--insecure"])

@@ -19,11 +19,11 @@ from fedgraph_flwr.data import datasets as ds
 from fedgraph_flwr.data import files, synthetic
 from fedgraph_flwr.data.splits import per_client_split, random_split, split_ratios
 
+from conftest import DATASETS as SHARED
 from conftest import NO_DATASETS
+from conftest import SHARED as SHARED_DIR
 
-# ../shared beside the checkout (as in CI), never written to; without it these skip.
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
-REFERENCE = SHARED.parent / "reference-partitions" / "fedaux-cora-disjoint-10"
+REFERENCE = SHARED_DIR / "reference-partitions" / "fedaux-cora-disjoint-10"
 
 
 @pytest.fixture(scope="module")

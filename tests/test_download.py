@@ -60,8 +60,8 @@ class DatasetHost:
 
 
 @pytest.fixture()
-def cora_host_files(shared_dir) -> Path:
-    return shared_dir / "datasets" / "Cora" / "raw"
+def cora_host_files(data_root) -> Path:
+    return data_root / "Cora" / "raw"
 
 
 def _config(root: Path, url: str, **more):

@@ -21,11 +21,12 @@ from fedgraph_flwr.data.datasets import load_dataset
 from fedgraph_flwr.data.splits import random_split
 from fedgraph_flwr.data.synthetic import sbm_edge_index
 
+from conftest import DATASETS as SHARED
 from conftest import NO_DATASETS
+from conftest import SHARED as SHARED_DIR
 
-# ../shared beside the checkout (as in CI), never written to; without it these skip.
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
-REFERENCE = SHARED.parent / "reference-partitions" / "fedaux-cora-disjoint-10"
+# ../shared beside the checkout (as in CI), else FEDGRAPH_DATA_ROOT; never written to.
+REFERENCE = SHARED_DIR / "reference-partitions" / "fedaux-cora-disjoint-10"
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -200,7 +200,8 @@ def render(num_supernodes: int = L.NUM_SUPERNODES) -> dict:
                 "network_mode": f"service:{name}",
                 # XDG_CACHE_HOME on the client's named volume: client-state="file" (the run
                 # command's) writes <it>/fedgraph-flwr/client-state/<run-name>/client_<i>/.
-                "environment": {**L.EXECUTOR_ENV, "XDG_CACHE_HOME": str(L.CONTAINER_CACHE)},
+                "environment": {**L.EXECUTOR_ENV, **L.CONTAINER_EXECUTOR_ENV,
+                                "XDG_CACHE_HOME": str(L.CONTAINER_CACHE)},
                 "volumes": [_ro(f"{L.GEN_NODE_TLS}/ca.crt", node_tls / "ca.crt"), partition_mount,
                             f"{client_state_volume(i)}:{L.CONTAINER_CACHE}"],
                 "depends_on": {name: {"condition": "service_healthy"}},

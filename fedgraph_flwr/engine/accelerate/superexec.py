@@ -358,6 +358,67 @@ def preload(modules: Sequence[str]) -> list[str]:
     return names
 
 
+#: Seconds this executor may go without reaching its SuperNode's Runtime API before it
+#: exits (unset or 0: never, as Flower's). For containers: an executor that shares its
+#: SuperNode's network namespace (compose ``network_mode: service:supernode-<i>``) keeps
+#: the dead namespace when the SuperNode's container restarts, and retries into it
+#: forever; exiting lets the restart policy start it again in the new one.
+LOST_SUPERNODE_ENV = "FEDGRAPH_EXIT_IF_SUPERNODE_GONE_S"
+#: Exit status of an executor that gave up on its SuperNode (EX_TEMPFAIL: try again).
+EXIT_SUPERNODE_GONE = 75
+
+
+def runtime_api_address(flower_args: Sequence[str]) -> str:
+    """The ``--runtime-api-address`` among ``flower-superexec``'s flags ("" if absent)."""
+    args = list(flower_args)
+    for i, arg in enumerate(args):
+        if arg == "--runtime-api-address" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--runtime-api-address="):
+            return arg.partition("=")[2]
+    return ""
+
+
+def reachable(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def watch_supernode(address: str, limit_s: float, on_lost, period_s: float = 1.0) -> threading.Thread:
+    """A daemon thread that calls ``on_lost(seconds)`` once ``address`` has refused
+    connections for ``limit_s`` seconds in a row."""
+    def run() -> None:
+        last_seen = time.monotonic()
+        while True:
+            time.sleep(period_s)
+            if reachable(address):
+                last_seen = time.monotonic()
+            elif time.monotonic() - last_seen >= limit_s:
+                on_lost(time.monotonic() - last_seen)
+                return
+
+    thread = threading.Thread(target=run, name="fedgraph-supernode-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _exit_lost(executor: ForkingClientAppExecutor, address: str):
+    def on_lost(seconds: float) -> None:
+        log(ERROR, "fedgraph-superexec: the SuperNode's Runtime API at %s has not answered "
+            "for %.0f s: exiting (status %d) so that the supervisor starts this executor "
+            "again beside the restarted SuperNode", address, seconds, EXIT_SUPERNODE_GONE)
+        executor.close()
+        os._exit(EXIT_SUPERNODE_GONE)  # Flower's own loop would retry forever
+    return on_lost
+
+
 def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
     """``flower-superexec <flower_args>`` whose ClientApps fork after importing ``modules``."""
     if "--executor" in flower_args or any(a.startswith("--executor=") for a in flower_args):
@@ -374,6 +435,10 @@ def main(modules: Sequence[str], flower_args: Sequence[str]) -> None:
     loop: Any = importlib.import_module("flwr.supercore.superexec.run_superexec")  # Any: we set a function
     executor = ForkingClientAppExecutor()
     loop.get_executor = lambda *a, **k: executor  # the one seam SuperExec offers
+    limit = float(os.environ.get(LOST_SUPERNODE_ENV) or 0)
+    address = runtime_api_address(flower_args)
+    if limit > 0 and address:
+        watch_supernode(address, limit, _exit_lost(executor, address))
     # On SIGTERM/SIGINT: stop the ClientApps, exit within seconds (exits.py).
     exit_promptly(loop.__name__, "fedgraph-superexec", before=executor.close)
     sys.argv = ["fedgraph-superexec", *flower_args]
