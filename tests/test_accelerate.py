@@ -179,10 +179,9 @@ def test_supernode_declares_a_10s_heartbeat_so_a_crashed_one_is_let_back_in_20s(
     then counts a SuperNode that died without signing off as online for 2 x 10 s, not
     2 x 30 s, and refuses its restarted self only that long."""
     import importlib
-
-    from flwr.common.constant import HEARTBEAT_PATIENCE
     import inspect
 
+    from flwr.common.constant import HEARTBEAT_PATIENCE
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
     from flwr.superlink.servicer.fleet.fleet_handlers import _validate_heartbeat_interval
@@ -294,6 +293,7 @@ def test_child_installs_each_fab_once(tmp_path, monkeypatch):
     assert first.is_dir() and len(installs) == 2
 
 
+@pytest.mark.slow
 def test_fork_server_warm_up_compiles_message_passing_once(tmp_path):
     """After the preloaded modules' warm-up hooks (the fork server runs them before
     serving; fedgraph_flwr.nn's compiles PyG's templates), building the layers writes no
@@ -323,6 +323,7 @@ def test_fork_server_warm_up_compiles_message_passing_once(tmp_path):
     assert out.stdout.strip() == "GCNConv,MaskedGCNConv,SGConv,SAGEConv"
 
 
+@pytest.mark.slow
 def test_child_reports_its_end_even_when_that_takes_longer_than_flowers_force_exit(tmp_path, monkeypatch):
     """Flower's flwr_exit kills the process 5 s after it starts the exit handlers; the one
     that reports the task's end sends the ClientApp's context, which took longer for a large

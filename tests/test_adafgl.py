@@ -281,6 +281,7 @@ def _run(tmp_path, root, **extra) -> dict:
     return run_federation(cfg, write=False)
 
 
+@pytest.mark.slow
 def test_short_federation_learns_and_scores_step_2_only(tmp_path, synthetic_root):
     results = _run(tmp_path, synthetic_root)
     rounds = results["rounds"]

@@ -115,6 +115,7 @@ def test_the_pyproject_generator_writes_its_key_and_nothing_else_changes(throwaw
     assert "throwaway-power = 0.5" in pyproject_block()
 
 
+@pytest.mark.slow
 def test_the_engine_runs_it_end_to_end(throwaway, tmp_path, synthetic_root):
     cfg = _config(synthetic_root, tmp_path, **{"run-name": "throwaway", "throwaway-power": 1.0})
     results = run_federation(cfg)
@@ -135,6 +136,7 @@ def test_the_privacy_checks_apply(throwaway):
     assert not ALGORITHMS[NAME].trainer.per_node_arrays  # so no exemption to disclose
 
 
+@pytest.mark.slow
 def test_live_and_restored_trainers_agree(throwaway, tmp_path, synthetic_root):
     import test_engine
 

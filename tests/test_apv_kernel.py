@@ -82,6 +82,7 @@ def test_fast_matches_exact_kernel(dtype, limit, kind, sigma, layout, monkeypatc
         assert max(err_z, err_s, err_h) <= 1e-10
 
 
+@pytest.mark.slow
 def test_fast_on_apv_scores_at_20k_nodes():
     """The path auto takes above 4096 nodes, on real APV scores, gradients through a and h."""
     g = torch.Generator().manual_seed(4)

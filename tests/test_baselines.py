@@ -126,6 +126,7 @@ def test_fedprox_mu_zero_is_fedavg_exactly():
     assert not state_dicts_equal(prox_mu.model.state_dict(), avg.model.state_dict())
 
 
+@pytest.mark.slow
 def test_fedprox_term_value_and_pull_toward_anchor():
     cfg = make_config(fedprox.FedProxOptions, fedprox_mu=0.5)
     anchor = fedprox.FedProxTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
@@ -277,6 +278,7 @@ def test_fedpub_masks_local_and_regularisers():
     assert not trainer.extra_loss().requires_grad
 
 
+@pytest.mark.slow
 def test_fedpub_smoke():
     cfg = make_config(fedpub.FedPubOptions)
     log, _ = run_rounds(fedpub.FedPubTrainer, fedpub.FedPubAggregator, cfg)
@@ -383,6 +385,7 @@ def test_gcfl_smoke_and_grad_norm_signature():
 # --- APFL -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_apfl_mixture_endpoints_and_adaptive_alpha():
     data = tiny_graph(4)
     cfg = make_config(apfl.APFLOptions, apfl_adaptive=False)
@@ -412,6 +415,7 @@ def test_apfl_mixture_endpoints_and_adaptive_alpha():
     assert float(ada.alpha) != 0.25 and 0.0 <= float(ada.alpha) <= 1.0
 
 
+@pytest.mark.slow
 def test_apfl_smoke_local_state_persists():
     cfg = make_config(apfl.APFLOptions, apfl_alpha_lr=0.5)
     log, _ = run_rounds(apfl.APFLTrainer, apfl.APFLAggregator, cfg)
@@ -423,6 +427,7 @@ def test_apfl_smoke_local_state_persists():
 # --- FedProx smoke ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fedprox_smoke_matches_fedavg_when_mu_zero():
     # With one local step the proximal gradient is 0 (θ starts at the anchor): FedProx
     # differs from FedAvg only with several local epochs.

@@ -247,6 +247,7 @@ def test_every_host_path_is_written_by_prepare(services, prepared):
     assert {"superlink", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
 
 
+@pytest.mark.slow
 def test_each_supernode_starts_only_after_its_file_passes_preflight(services, prepared):
     """preflight-<i>: fedgraph-preflight on the SuperNode's own file (README step 5's
     command), no network, not restarted; its SuperNode waits for it to succeed. Run here on

@@ -69,6 +69,7 @@ def test_raw_features_and_no_lcc_as_fedsprays_official_code_loads_planetoid(data
         ds.load_dataset("Cora", data_root, features="scaled")
 
 
+@pytest.mark.slow
 def test_the_switches_name_their_partition_build_and_reach_its_manifest(data_root):
     from fedgraph_flwr.data import partition
 
@@ -297,6 +298,7 @@ def test_csbm_minority_neighbours_are_mostly_majority():
 
 
 
+@pytest.mark.slow
 def test_arxiv_like_has_arxivs_shape_and_communities_that_differ():
     g = ds.load_dataset("arxiv-synthetic", "/nonexistent")  # no files needed
     _check_graph(g, ("community",))

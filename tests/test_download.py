@@ -69,6 +69,7 @@ def _config(root: Path, url: str, **more):
                            "download-url": url, **more})
 
 
+@pytest.mark.slow
 def test_concurrent_clients_download_each_file_once(tmp_path, cora_host_files):
     """Four processes ask for Cora at once (as a simulation's ClientApps do): one downloads,
     the others wait on the lock and find the files; together they ask the host what one

@@ -151,6 +151,7 @@ def _dp_run(tmp_path, synthetic_root, **extra) -> tuple[dict, list[str]]:
     return run_federation(cfg, log=lines.append), lines
 
 
+@pytest.mark.slow
 def test_a_run_reports_epsilon_every_round_and_stops_cleanly_at_its_budget(tmp_path,
                                                                           synthetic_root):
     # σ=2: two releases cost ε≈3.19, a third would be ≈4.01 > 4 (fedaux sends one per round).
@@ -172,6 +173,7 @@ def test_a_run_reports_epsilon_every_round_and_stops_cleanly_at_its_budget(tmp_p
     assert f"ε = {eps[-1]:.3g} at δ = 1e-05" in page and "stopped early" in page
 
 
+@pytest.mark.slow
 def test_a_target_epsilon_alone_calibrates_the_noise_to_the_whole_run(tmp_path, synthetic_root):
     res, _ = _dp_run(tmp_path, synthetic_root, dp="signature", **{"dp-epsilon": 2.0})
     assert len(res["rounds"]) == 4 and "stopped" not in res

@@ -45,6 +45,7 @@ def _same(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.slow
 def test_inprocess_is_deterministic(tmp_path, synthetic_root):
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
            "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
@@ -64,6 +65,7 @@ SLOW_STATE_TEST = {"fedaux", "fediih", "fedsage", "fedspray"}
 @pytest.mark.parametrize("algorithm", [
     pytest.param(a, marks=pytest.mark.slow) if a in SLOW_STATE_TEST else a
     for a in sorted(ALGORITHMS) if a not in OWN_STATE_TEST])
+@pytest.mark.slow
 def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_root, algorithm):
     """The in-process loop keeps each client's trainer alive between rounds; a ClientApp
     rebuilds it from its serialised local state every round (here: client-state=file).
@@ -77,6 +79,7 @@ def test_live_trainers_equal_trainers_restored_from_state(tmp_path, synthetic_ro
     assert _same(round_metrics(live), round_metrics(restored))
 
 
+@pytest.mark.slow
 def test_a_client_whose_state_is_not_where_it_saved_it_fails_instead_of_training_on_less(
         tmp_path, synthetic_root):
     """client-state=file, and client 1's folder vanishes after round 2 (a client landing on
@@ -193,6 +196,7 @@ def test_supernode_count_mismatch_names_the_fix(tmp_path, synthetic_root, capfd)
     assert not any(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.slow
 def test_progress_json_is_rewritten_after_every_round(tmp_path, data_root):
     """A live run is watchable from its output folder: progress.json after each round."""
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,

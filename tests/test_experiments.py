@@ -198,6 +198,7 @@ def test_saved_runs_are_read_as_what_they_ran_and_stale_ones_rerun(tmp_path, cap
     assert (out / "stale" / fedavg_path.parent.name / "results.json").read_text() == "{not json"
 
 
+@pytest.mark.slow
 def test_a_run_cut_short_is_not_tabulated_and_is_rerun(tmp_path, capsys):
     from fedgraph_flwr.engine.driver import RunAborted
 
@@ -222,6 +223,7 @@ def test_a_run_cut_short_is_not_tabulated_and_is_rerun(tmp_path, capsys):
     assert sum(len(v) for v in collect(out).values()) == 1
 
 
+@pytest.mark.slow
 def test_run_grid_logs_plain_progress_lines_when_stdout_is_no_terminal(tmp_path, capsys):
     # Under `nohup fedgraph-experiments run ... > log` rich's bar draws nothing; the log
     # still says which cell runs, how far it is and when it ended.

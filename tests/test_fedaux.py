@@ -530,6 +530,7 @@ def sbm_clients(seed: int, n: int = 150, groups: int = 5, per_group: int = 4, cl
     return clients, np.array(truth)
 
 
+@pytest.mark.slow
 def test_sbm_apv_similarity_recovers_groups():
     from sklearn.cluster import AgglomerativeClustering
     from sklearn.metrics import adjusted_rand_score

@@ -205,6 +205,7 @@ def _run(tmp_path, synthetic_root, **extra) -> dict:
         "output-dir": str(tmp_path), "verbose": False, **extra}, write=False)
 
 
+@pytest.mark.slow
 def test_overlapping_federation_expands_and_learns(tmp_path, synthetic_root):
     """5 clients, each a random half of the same 3000 SBM nodes: many shared nodes, every
     client gets virtual neighbours every round, and the model learns (5 classes)."""
@@ -222,6 +223,7 @@ def test_overlapping_federation_expands_and_learns(tmp_path, synthetic_root):
                + 1500 * 16 * 4 for c in results["rounds"][0]["bytes_received"])
 
 
+@pytest.mark.slow
 def test_disjoint_federation_has_no_expansion_and_is_fedavg(tmp_path, synthetic_root):
     on = _run(tmp_path, synthetic_root, partition="metis")
     off = _run(tmp_path, synthetic_root, partition="metis", **{"fedgnn-expand": False})
@@ -229,6 +231,7 @@ def test_disjoint_federation_has_no_expansion_and_is_fedavg(tmp_path, synthetic_
     assert round_metrics(on) == round_metrics(off)
 
 
+@pytest.mark.slow
 def test_state_files_keep_the_expansion_between_phases(tmp_path, synthetic_root):
     """client-state=file: each phase restores the trainer from the file the previous phase
     wrote, so the virtual neighbours must survive in the local state."""

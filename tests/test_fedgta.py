@@ -292,6 +292,7 @@ def test_switches_keep_live_and_restored_trainers_equal(tmp_path, data_root):
 
 
 # --- runs -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cora_10_clients_short_run(tmp_path, data_root):
     """Ten rounds on Cora, 10 METIS clients, the paper's settings: a sane accuracy, and the
     server's accept sets neither empty nor everything."""

@@ -175,6 +175,7 @@ def test_auto_kernel_routes_large_cpu_graphs_fused_and_small_ones_sparse():
         FedIIHOptions.from_config({"fediih-routing-kernel": "dense"})
 
 
+@pytest.mark.slow
 def test_trainer_on_a_large_client_trains_the_same_with_either_kernel():
     """Above the threshold ``auto`` takes the fused kernel; without dropout (the fused
     path draws other masks) a round's losses and upload equal the sparse kernels' to
@@ -220,6 +221,7 @@ def test_dense_blockwise_and_full_sampled_reconstruction_agree():
                           reconstruction_loss(h32, edge_index, "dense"), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_sampled_reconstruction_is_unbiased_estimate():
     torch.manual_seed(2)
     n = 200
@@ -487,6 +489,7 @@ def split_clients(graph: Data, num_clients: int, seed: int = 0) -> list[Data]:
     return clients
 
 
+@pytest.mark.slow
 def test_small_federation_improves_validation_accuracy(cora):
     clients = split_clients(cora, 3)
     config = SMALL.with_keys({"hidden": 16, "lr": 0.05})

@@ -348,6 +348,7 @@ def test_evaluate_before_train_reports_the_received_model():
 
 
 # --- runs -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_federation_learns_and_uses_the_alignment(tmp_path, synthetic_root):
     """Six rounds on SBM (5 classes), 3 clients: better than chance, the training loss
     falls, the server aligns every client's centroids, uploads stay the same size, and the

@@ -250,6 +250,7 @@ def test_relayed_step_equals_the_step_with_the_other_clients_features():
 
 
 # --- runs ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_short_federation_relays_mends_and_learns(tmp_path, synthetic_root):
     """SBM, 3 clients: two generator rounds relay vectors and gradients, every client's
     graph is then mended with generated leaves, the classifier learns, and the best

@@ -367,6 +367,7 @@ def test_deterministic_and_local_state_round_trip():
 
 
 # --- the paper's claim on its own generator -------------------------------------------------------
+@pytest.mark.slow
 def test_minority_accuracy_beats_local_and_fedavg_on_csbm():
     clients = federation(4, num_nodes=300, seed=0)
     cfg = config()

@@ -250,6 +250,7 @@ def test_the_reader_sees_what_it_must(tmp_path):
         f"{ENGINE}.federation -> {ENGINE}.contract -> {ENGINE}.client_runtime"]
 
 
+@pytest.mark.slow
 def test_importing_our_packages_prints_no_pyg_warning_a_user_cannot_act_on():
     """PyG's import calls torch.jit.script, which torch >= 2.10 warns about: every package
     of ours that imports PyG silences that one warning first (fedgraph_flwr/pyg_warnings.py).

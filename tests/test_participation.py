@@ -19,6 +19,7 @@ from helpers import round_metrics
 
 # A deliberate pair, not the registry: the papers' methods whose server mixes each
 # client's model from the sampled clients' signatures.
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["fedaux", "fediih"])
 def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp_path, algorithm):
     cfg = resolve_config(None, {"algorithm": algorithm, "num-clients": 4, "hidden": 8,
@@ -60,6 +61,7 @@ def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp
         assert np.isnan(matrix[others]).all() and np.isnan(matrix[:, others]).all()
 
 
+@pytest.mark.slow
 def test_fraction_one_is_full_participation(tmp_path):
     base = {"algorithm": "fedaux", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 8,
             "output-dir": str(tmp_path)}
@@ -86,6 +88,7 @@ def test_sampling_follows_the_fediih_reference_rule(tmp_path):
         assert fed.sample(server_round) == expected
 
 
+@pytest.mark.slow
 def test_headline_uses_every_clients_held_model_not_the_sampled_few(tmp_path):
     """With fraction < 1 a round's mean over its few replies is noisy; the best round is
     picked by the mean over all clients, each at the metrics of the model it holds (its

@@ -326,6 +326,7 @@ def test_sbm_edge_sampler_exact_density():
     assert int((ei[0] == ei[1]).sum()) == 0
 
 
+@pytest.mark.slow
 def test_split_follows_seed_draws_a_new_split_per_run_seed(tmp_path):
     """FedSpray's official code draws a new split for each run seed; the default keeps one
     split for every seed (the FED-PUB protocol). The partition itself does not move."""

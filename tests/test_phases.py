@@ -36,6 +36,7 @@ def _phase_record(results: dict) -> tuple:
             [r["bytes_received"] for r in results["rounds"]])
 
 
+@pytest.mark.slow
 def test_phase_demo_runs_every_phase_in_process(tmp_path, synthetic_root):
     results = run_federation(_config(synthetic_root, tmp_path, "inproc"), write=False)
     pre = results["precompute"]["label_counts"]
@@ -49,6 +50,7 @@ def test_phase_demo_runs_every_phase_in_process(tmp_path, synthetic_root):
     assert all(first["bytes_received"][c] == first["bytes_sent"][c] // 2 for c in first["bytes_sent"])
 
 
+@pytest.mark.slow
 def test_phase_demo_state_files_equal_live_trainers(tmp_path, synthetic_root):
     live = run_federation(_config(synthetic_root, tmp_path, "live"), write=False)
     files = run_federation(_config(synthetic_root, tmp_path, "files", **{
@@ -92,6 +94,7 @@ def test_phases_are_checked_when_declared():
     assert Phase("probe").message_type == "train.probe" and TRAIN_PHASE.message_type == "train"
 
 
+@pytest.mark.slow
 def test_one_deadline_per_round_shared_by_its_phases(tmp_path, synthetic_root):
     """round-timeout bounds the whole round: each phase's exchange gets what the earlier
     ones left of it (not a fresh round-timeout each), and refresh gets the same deadline."""

@@ -107,6 +107,7 @@ def test_the_runs_keys_are_checked_as_at_the_handshake(tmp_path, capsys, monkeyp
     assert rc == 1 and "error" in err
 
 
+@pytest.mark.slow
 def test_the_console_command_exits_with_the_status(tmp_path):
     bad = _write(tmp_path, y=np.full(30, -1, np.int64))
     out = subprocess.run([sys.executable, "-m", "fedgraph_flwr.preflight", bad],

@@ -58,6 +58,7 @@ def _config(algorithm: str) -> RunConfig:
                           "num-features-global": NUM_FEATURES, "run-name": "privacy"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_nothing_a_client_sends_scales_with_its_node_count(algorithm):
     """Two clients, 40 and 400 nodes: in every phase of the algorithm's round, every

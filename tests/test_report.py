@@ -63,6 +63,7 @@ def test_heatmap_captions_state_the_range_and_uniform_mixing():
     assert matrix_caption("weights", spread) == ("range 0.30–0.70", None)
 
 
+@pytest.mark.slow
 def test_run_report_holds_headline_clients_images_and_nothing_external(tiny_run):
     results, out = tiny_run["results"], tiny_run["out"]
     html = (out / "report.html").read_text()
@@ -78,6 +79,7 @@ def test_run_report_holds_headline_clients_images_and_nothing_external(tiny_run)
     assert external_references(html) == []
 
 
+@pytest.mark.slow
 def test_run_report_escapes_text(tiny_run, tmp_path):
     results = copy.deepcopy(tiny_run["results"])
     results["config"]["run-name"] = "<script>alert(1)</script>"
@@ -85,6 +87,7 @@ def test_run_report_escapes_text(tiny_run, tmp_path):
     assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
+@pytest.mark.slow
 def test_grid_report_tabulates_cells_and_links_every_run(tiny_grid):
     html = (tiny_grid / "report.html").read_text()
     assert "fedavg|SBM|metis|3" in html and "local|SBM|metis|3" in html
@@ -113,6 +116,7 @@ def screenshot(page: Path, png: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="chromium not on PATH (Debian: apt-get install -y chromium)")
+@pytest.mark.slow
 def test_reports_render_in_headless_chromium(tiny_run, tiny_grid, tmp_path):
     from PIL import Image
 

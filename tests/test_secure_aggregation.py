@@ -120,6 +120,7 @@ def sbm(tmp_path, data_root, **keys):
             "data-root": str(data_root), "output-dir": str(tmp_path), **keys}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedaux"])
 def test_ckks_federation_matches_plaintext_and_the_server_sees_only_ciphertexts(
         tmp_path, synthetic_root, monkeypatch, algorithm):
@@ -167,6 +168,7 @@ def test_ckks_federation_matches_plaintext_and_the_server_sees_only_ciphertexts(
     assert (tmp_path / "ckks" / "ckks" / "public.ckks").is_file()
 
 
+@pytest.mark.slow
 def test_ckks_run_resumes_with_its_own_keys(tmp_path, synthetic_root):
     """A ckks run stopped after round 2 resumes to round 3 with the key pair it made (the
     checkpoint's payloads are ciphertexts under it) and ends where an uninterrupted run

@@ -134,6 +134,7 @@ def test_numpy_is_stored_as_tensors_and_other_objects_are_refused_when_encoding(
         state_codec.encode({"f": io.BytesIO()})
 
 
+@pytest.mark.slow
 def test_a_spare_model_passes_between_clients_without_changing_a_bit():
     """A released trainer's model serves the next restored trainer in the process (the
     spare-model pool): two clients of different graphs taking turns train exactly as
@@ -168,6 +169,7 @@ def test_a_spare_model_passes_between_clients_without_changing_a_bit():
 
 @pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items()
                                      if getattr(a.trainer, "restore_without_init", False)))
+@pytest.mark.slow
 def test_a_released_model_looks_like_a_fresh_one_apart_from_its_values(name):
     """What ``release`` hands on carries nothing of its last client but parameter and
     buffer values (which the next state overwrites): every other attribute of every
