@@ -120,21 +120,23 @@ class LocalDeployment:
         cmd, env = self.commands[name]
         return self.start(name, cmd, env)
 
-    def restart_until_online(self, name: str, timeout: float = 180.0) -> None:
-        """Restart SuperNode ``name`` the way a supervisor does (compose's ``restart:``).
+    def restart_until_online(self, name: str, timeout: float = 180.0) -> float:
+        """Restart SuperNode ``name`` the way a supervisor does (compose's ``restart:``);
+        returns the seconds until it was activated again.
 
-        After a crash the SuperLink counts the node's old session as online until two
-        heartbeats are missed (60 s by default) and refuses to activate it again: the
-        SuperNode exits with code 305. Start it again every few seconds until its log
-        shows a new ``SuperNode ID``."""
+        After a crash the SuperLink counts the node's old session as online for two
+        heartbeat intervals (20 s for fedgraph-supernode, 60 s for flower-supernode) and
+        refuses to activate it again: the SuperNode exits with code 305. Start it again
+        every few seconds until its log shows a new ``SuperNode ID``."""
         pattern = r"SuperNode ID: \d+"
         seen = len(re.findall(pattern, self.log(name)))
-        deadline = time.time() + timeout
+        t0 = time.time()
+        deadline = t0 + timeout
         while time.time() < deadline:
             proc = self.restart(name)
             while proc.poll() is None and time.time() < deadline:
                 if len(re.findall(pattern, self.log(name))) > seen:
-                    return
+                    return time.time() - t0
                 time.sleep(0.2)
             time.sleep(3.0)
         raise RuntimeError(f"{name} was not activated again within {timeout:.0f}s; its log:\n"

@@ -372,10 +372,12 @@ def kill_in_training(dep, marks: Path, cid: int, rnd: int, deadline: float, proc
     return seen
 
 
-def restart_owner(dep, cid: int) -> None:
-    """What a supervisor does: the SuperNode again (same key, same node id), then its executor."""
-    dep.restart_until_online(L.supernode_name(cid))
+def restart_owner(dep, cid: int) -> float:
+    """What a supervisor does: the SuperNode again (same key, same node id), then its
+    executor; returns the seconds until the SuperLink let the SuperNode back in."""
+    back_in = dep.restart_until_online(L.supernode_name(cid))
     dep.restart(L.clientapp_executor_name(cid))
+    return back_in
 
 
 @through_the_guard
@@ -389,8 +391,8 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     key, same node id) and trains on the payload the server kept for it, and the run
     completes."""
     dep = deployment
-    # Rounds enough for two crashes: each costs ~2 round-timeouts until the SuperLink
-    # declares the node unavailable (60 s of missed heartbeats), then quick rounds while
+    # Rounds enough for two crashes: each costs round-timeouts until the SuperLink
+    # declares the node unavailable (20 s of missed heartbeats), then quick rounds while
     # the supervisor brings it and its executor back (~10-20 s).
     victim, kill_round, rounds_total = 2, 2, 24
     timeout = max(20.0, 2.5 * getattr(dep, "round_time", 8.0))
@@ -404,7 +406,7 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     try:
         deadline = time.time() + RUN_TIMEOUT + 180
         in_training = kill_in_training(dep, marks, victim, kill_round, deadline, proc)
-        restart_owner(dep, victim)
+        back_in = restart_owner(dep, victim)
         # It answers again: the ServerApp, holding a round's three replies, stops itself.
         paused = wait_for("the ServerApp to pause holding a round's replies",
                           lambda: read_mark(marks / "server-paused"), deadline, proc)
@@ -423,6 +425,9 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     assert proc.returncode == 0 and results_file.is_file(), output[-4000:]
     # The kills happened where intended (else the test would pass vacuously).
     assert in_training["training"] and not in_training["ended"] and in_training["gone"], in_training
+    # fedgraph-supernode's 10 s heartbeat: the SuperLink let the restarted SuperNode back in
+    # after 2 x 10 s, plus its restart; Flower's 30 s interval would hold it out for 60 s.
+    assert back_in < 45.0, back_in
     assert not (marks / f"train-end-c{victim}-r{kill_round}").exists()
     assert in_aggregation["state"] == "T" and in_aggregation["state-after-kill"] == "T", in_aggregation
     rounds = json.loads(results_file.read_text())["rounds"]
@@ -455,7 +460,8 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     missed = {r["round"]: f"{t:.1f}s" for r, t in zip(rounds, times) if "2" in r["failures"]}
     print(f"\nfault run: round-timeout {timeout:.0f}s; killed in training in round {kill_round}, "
           f"while aggregating round {paused_round}; slowest round {max(times):.1f}s; rounds "
-          f"client 2 missed: {missed}; back in rounds {[r['round'] for r in back]}; "
+          f"client 2 missed: {missed}; let back in {back_in:.0f}s after the first kill; "
+          f"back in rounds {[r['round'] for r in back]}; "
           f"reasons: {sorted(set(x[:40] for x in reasons))}")
 
 
