@@ -427,7 +427,7 @@ def test_supernode_killed_in_training_and_in_aggregation(deployment):
     assert in_training["training"] and not in_training["ended"] and in_training["gone"], in_training
     # fedgraph-supernode's 10 s heartbeat: the SuperLink let the restarted SuperNode back in
     # after 2 x 10 s, plus its restart; Flower's 30 s interval would hold it out for 60 s.
-    assert back_in < 45.0, back_in
+    assert back_in < 55.0, back_in
     assert not (marks / f"train-end-c{victim}-r{kill_round}").exists()
     assert in_aggregation["state"] == "T" and in_aggregation["state-after-kill"] == "T", in_aggregation
     rounds = json.loads(results_file.read_text())["rounds"]
