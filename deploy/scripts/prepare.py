@@ -31,8 +31,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 DEPLOY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(DEPLOY))
 sys.path.insert(0, str(DEPLOY / "scripts"))
@@ -66,17 +64,17 @@ def write_connection(home: Path, address: str, ca: str) -> None:
 
 
 def dataset_signature(folder: Path, clients: int) -> tuple[int, int]:
-    """The feature width and class count of the prepared files: what each SuperNode's
-    ``preflight-<i>`` service checks its file against (FEDGRAPH_FEATURES/_CLASSES in .env)."""
-    widths, classes = set(), 0
-    for i in range(clients):
-        with np.load(folder / L.partition_file_name(i), allow_pickle=False) as f:
-            widths.add(int(f["x"].shape[1]))
-            classes = max(classes, int(f["y"].max()) + 1,
-                          int(f["num_classes"]) if "num_classes" in f.files else 0)
-    if len(widths) != 1:
-        sys.exit(f"prepare.py: the client files disagree on the feature width: {sorted(widths)}")
-    return widths.pop(), classes
+    """The feature width and class count of the prepared files, as a federation of them
+    has it (``load_partition_dir``: one width, the largest declared or seen label space):
+    what each SuperNode's ``preflight-<i>`` service checks its file against
+    (FEDGRAPH_FEATURES/_CLASSES in .env)."""
+    from fedgraph_flwr.data.files import SubgraphFileError, load_partition_dir
+
+    try:
+        data = load_partition_dir(folder, clients)
+    except SubgraphFileError as exc:
+        sys.exit(f"prepare.py: {exc}")
+    return int(data[0].num_features), int(data[0].num_classes_total)
 
 
 def main(argv: list[str] | None = None) -> int:
