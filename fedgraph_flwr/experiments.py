@@ -233,7 +233,8 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
     """A results.json's run config with the keys it predates filled in.
 
     A key added after the run counts as its default, unless the run's algorithm names a
-    legacy value for it (what runs did before the key existed).
+    legacy value for it (what runs did before the key existed), or a function of the
+    filled config giving it.
     """
     from .algorithms import get_algorithm
     from .config import all_defaults
@@ -243,7 +244,8 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
         legacy = get_algorithm(str(filled["algorithm"])).legacy_values
     except ValueError:  # an algorithm since removed: nothing more is known
         legacy = {}
-    return {**filled, **{k: v for k, v in legacy.items() if k not in config}}
+    return {**filled, **{k: v(filled) if callable(v) else v
+                         for k, v in legacy.items() if k not in config}}
 
 
 def stale_keys(saved: dict[str, Any], config: RunConfig) -> list[str]:

@@ -181,6 +181,10 @@ def test_a_target_epsilon_alone_calibrates_the_noise_to_the_whole_run(tmp_path, 
     sigma = res["dp"]["noise_multiplier"]
     assert sigma == accountant.calibrate(2.0, 4, 1e-5)
     assert res["dp"]["epsilon"] == accountant.epsilon(sigma, 4, 1e-5) <= 2.0
+    # The aggregator mixed with that calibrated σ: at σ ≈ 3 and d' = 16 the noised APVs'
+    # cosines are worth ~1/150 of their face value, and the mixing is all but uniform.
+    for rnd in res["rounds"]:
+        assert rnd["aggregate"]["self_weight_mean"] == pytest.approx(1 / 3, abs=0.02)
 
 
 def test_a_grid_keeps_a_run_its_budget_stopped():
@@ -205,11 +209,71 @@ def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
 
     same, opposite = [[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [-1.0, 0.0]]
     for dp, expected in (("off", 1.0), ("signature", -1.0)):
-        extra = {"dp-epsilon": 4.0} if dp != "off" else {}
+        extra = {"dp-epsilon": 4.0, "dp-noise-multiplier": 1.0} if dp != "off" else {}
         cfg = resolve_config(None, {"algorithm": "fedaux", "dp": dp, **extra})
         aggregator = ALGORITHMS["fedaux"].aggregator(cfg, [0, 1], {})
         result = aggregator.aggregate(1, updates(same, opposite))
         assert result.diagnostics["similarity"][0, 1] == pytest.approx(expected)
+
+
+def _fedaux_aggregator(**extra):
+    from fedgraph_flwr.algorithms import ALGORITHMS
+
+    cfg = resolve_config(None, {"algorithm": "fedaux", **extra})
+    return ALGORITHMS["fedaux"].aggregator(cfg, list(range(4)), {})
+
+
+def _apv_updates(apvs: np.ndarray) -> dict:
+    from fedgraph_flwr.algorithms.base import ClientUpdate
+    from fedgraph_flwr.algorithms.fedaux import APV_KEY
+
+    return {c: ClientUpdate({}, {APV_KEY: a.astype(np.float32)}, 10) for c, a in enumerate(apvs)}
+
+
+def test_fedaux_shrinks_noised_similarities_by_their_reliability_under_dp_signature():
+    """fedaux-dp-mixing=shrink: softmax(α r S) with r = 1/(1 + σ²d'), from public σ and d'
+    alone; raw keeps Eq. 7's α. At the σ a 100-round ε ≤ 8 run needs, the mixing is uniform
+    where raw's follows the noise and leans on each client's own model."""
+    from fedgraph_flwr.algorithms.mixing import cosine_similarity, row_softmax
+
+    rng = np.random.default_rng(0)
+    clipped = rng.normal(size=(4, 256))
+    clipped /= np.linalg.norm(clipped, axis=1, keepdims=True)  # ‖a‖ = C = 1
+    sigma = 6.4
+    noised = clipped + rng.normal(0.0, sigma, size=clipped.shape)
+    dp = {"dp": "signature", "dp-epsilon": 8.0, "dp-noise-multiplier": sigma}
+    shrink = _fedaux_aggregator(**dp).mixing_plan(1, _apv_updates(noised))
+    raw = _fedaux_aggregator(**dp, **{"fedaux-dp-mixing": "raw"}).mixing_plan(
+        1, _apv_updates(noised))
+    similarity = cosine_similarity(noised.astype(np.float32).astype(np.float64))
+    np.testing.assert_array_equal(raw.matrices[0], row_softmax(similarity, 10.0))
+    np.testing.assert_allclose(shrink.matrices[0],
+                               row_softmax(similarity, 10.0 / (1 + sigma**2 * 256)), rtol=1e-12)
+    assert np.abs(shrink.matrices[0] - 0.25).max() < 1e-3
+    assert raw.metrics["self_weight_mean"] > 0.9  # the diagonal's cos = 1 against noise ≈ 0
+    # Small noise leaves Eq. 7 nearly as it is; no noise (dp=off) leaves it exactly.
+    gentle = _fedaux_aggregator(**{**dp, "dp-noise-multiplier": 1e-3})
+    assert gentle._temperature(256) == pytest.approx(10.0, rel=1e-3)
+    assert _fedaux_aggregator()._temperature(256) == 10.0
+
+
+def test_fedaux_shrink_refuses_an_uncalibrated_config():
+    aggregator = _fedaux_aggregator(dp="signature", **{"dp-epsilon": 4.0})
+    with pytest.raises(RuntimeError, match="needs the run's noise multiplier"):
+        aggregator.mixing_plan(1, _apv_updates(np.eye(4)))
+
+
+def test_runs_from_before_fedaux_dp_mixing_read_as_what_they_did():
+    """Old dp=signature runs mixed raw: a grid re-runs them; elsewhere the key changes
+    nothing, so old runs stay current."""
+    from fedgraph_flwr.experiments import saved_config, stale_keys
+
+    old_off = {"algorithm": "fedaux", "fedaux-classifier-init": "xavier"}
+    old_signature = {**old_off, "dp": "signature", "dp-epsilon": 4.0}
+    assert saved_config(old_off)["fedaux-dp-mixing"] == "shrink"
+    assert saved_config(old_signature)["fedaux-dp-mixing"] == "raw"
+    assert stale_keys(old_off, resolve_config(None, old_off)) == []
+    assert stale_keys(old_signature, resolve_config(None, old_signature)) == ["fedaux-dp-mixing"]
 
 
 @pytest.mark.simulation

@@ -114,7 +114,7 @@ def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
     assert type(client) is ClientConfig
     sent = client.to_config()
     assert len(client_keys()) == 34
-    assert len(sent) == 47  # 34 common + 12 fedaux-* + server-round
+    assert len(sent) == 48  # 34 common + 13 fedaux-* + server-round
     assert list(sent) == [*client_keys(), *FedAuxOptions.keys(), "server-round"]
     assert sent["fedaux-sigma"] == 0.5
     assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ..config import ClientConfig
 
 SERVER_MODES = ("personalized", "average")
+DP_MIXING_MODES = ("shrink", "raw")
 APV_KEY = "apv"
 
 
@@ -77,6 +78,10 @@ class FedAuxOptions(Options, prefix="fedaux"):
                           "uniform, FedAvg)", low=0.0)
     server: str = option("personalized", "personalized (Eqs. 7-8) | average (FedAvg_mask ablation)",
                          choices=SERVER_MODES)
+    dp_mixing: str = option("shrink", "dp=signature: shrink (the noised APVs' cosines shrunk "
+                            "toward all-alike by their reliability 1/(1+σ²d'), i.e. α scaled by "
+                            "it) | raw (the noised cosines as they come)",
+                            choices=DP_MIXING_MODES)
 
     def check(self) -> None:
         """Reject option values that are invalid together."""
@@ -84,8 +89,13 @@ class FedAuxOptions(Options, prefix="fedaux"):
             raise self.invalid("hard_kernel", "must be odd")
 
 
-# Runs made before fedaux-classifier-init existed drew the head as nn.Linear does.
-LEGACY_VALUES: dict[str, Any] = {"fedaux-classifier-init": "torch"}
+# Runs made before fedaux-classifier-init existed drew the head as nn.Linear does; runs
+# made before fedaux-dp-mixing mixed dp=signature's noised cosines raw (outside that
+# scope the key changes nothing, so they count as the default).
+LEGACY_VALUES: dict[str, Any] = {
+    "fedaux-classifier-init": "torch",
+    "fedaux-dp-mixing": lambda saved: "raw" if saved.get("dp") == "signature" else "shrink",
+}
 
 
 class FedAuxTrainer(SupervisedTrainer):
@@ -180,7 +190,7 @@ class FedAuxAggregator(Aggregator):
     def _plan(self, ids: list[int], apvs: np.ndarray) -> MixingPlan:
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)
         if self.options.server == "personalized":
-            weights = row_softmax(similarity, self.options.alpha)  # Eq. 7
+            weights = row_softmax(similarity, self._temperature(apvs.shape[1]))  # Eq. 7
         else:  # average
             weights = np.full((len(ids), len(ids)), 1.0 / len(ids))
         off_diagonal = similarity[~np.eye(len(ids), dtype=bool)]
@@ -193,6 +203,27 @@ class FedAuxAggregator(Aggregator):
                 "apv_similarity_mean": float(off_diagonal.mean()) if off_diagonal.size else 1.0,
             },
         )
+
+    def _temperature(self, dim: int) -> float:
+        """Eq. 7's α; under ``dp=signature`` with ``fedaux-dp-mixing=shrink``, α scaled by
+        the reliability of a noised cosine.
+
+        Each APV the server reads was clipped to ‖a‖ ≤ C and got N(0, (σC)²) on each of its
+        d' coordinates, so at most r = 1/(1 + σ²d') of its energy is signal: the
+        off-diagonal cosines come attenuated by about r and carry ±1/√d' of noise, while
+        the diagonal stays 1, so raw softmax weights follow the noise and favour self.
+        Shrinking every cosine toward 1 (all clients alike) by r, S' = rS + (1 − r), is
+        softmax(α r S) row by row. It reads only the public σ, C and d': DP
+        post-processing, no extra privacy cost. r → 1 as σ → 0.
+        """
+        alpha = self.options.alpha
+        if self.config.dp != "signature" or self.options.dp_mixing == "raw":
+            return alpha
+        sigma = self.config.dp_noise_multiplier
+        if not sigma > 0:  # the engine hands aggregators the calibrated σ
+            raise RuntimeError("fedaux-dp-mixing=shrink needs the run's noise multiplier; the "
+                               "aggregator was built from a config without one")
+        return alpha / (1.0 + sigma * sigma * dim)
 
     def _apv_of(self, update: ClientUpdate) -> np.ndarray:
         """The client's APV: the uploaded parameter (what gets mixed), else its signature;

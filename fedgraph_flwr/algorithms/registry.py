@@ -14,8 +14,9 @@ class Algorithm:
     """A named pair of trainer and aggregator and the :class:`Options` class of its own keys.
 
     ``legacy_values`` names keys added later whose default is not what runs made before
-    the key existed did: the value those runs used, so their saved results are read as
-    what they were (``fedgraph_flwr.experiments.saved_config``).
+    the key existed did: the value those runs used, or a function of their filled config
+    that gives it, so their saved results are read as what they were
+    (``fedgraph_flwr.experiments.saved_config``).
     """
 
     name: str

@@ -58,7 +58,10 @@ class Federation:
         self.noise_keyed: bool | None = None  # whether every DP reply's noise was keyed
         self.initial = self.algo.trainer.initial_arrays(self.num_features, self.num_classes,
                                                         self.config.client_config())
-        self.aggregator = self.algo.aggregator(self.config, self.client_ids, self.initial)
+        # The aggregator sees the calibrated noise multiplier (its mixing may weigh the noise).
+        self.aggregator = self.algo.aggregator(
+            self.config if self.privacy is None else self.privacy.config, self.client_ids,
+            self.initial)
         self.payloads: dict[int, Arrays] = {}
         self.mixer = self._ciphertext_mixer()
         self.validator = ReplyValidator(self.initial, self.config.max_array_bytes, log,
