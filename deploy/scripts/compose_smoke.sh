@@ -4,7 +4,13 @@
 # FedAux for a few rounds with README's run command, check results.json, tear down.
 #
 #   deploy/scripts/compose_smoke.sh [--rounds 3] [--torch-wheels DIR] [--keep]
+#                                   [--kill-after-round N [--kill-node I]]
 #
+# --kill-after-round N: once round N is done, SIGKILL SuperNode I's process from the host
+# (a crash, as the OOM killer's; `docker kill` would count as a manual stop, which no
+# restart policy undoes). Then nothing is touched: the restart policies must bring that
+# SuperNode and its ClientApp executor back, and a later round must complete with all
+# three clients. Prints how long each took.
 # Compose tool: the first found of Docker Compose v2 (`docker compose`), Debian's
 # docker-compose (>= 1.29) and podman-compose (COMPOSE_TOOL=... picks one); it says which. Base image: $BASE_IMAGE if
 # set, else python:3.11-slim if it is here or can be pulled, else one built from Debian
@@ -20,12 +26,16 @@ ROOT="$(dirname "$DEPLOY")"
 ROUNDS=3
 KEEP=0
 WHEELS=""
+KILL_AFTER=""
+KILL_NODE=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="$2"; shift 2 ;;
     --torch-wheels) WHEELS="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --kill-after-round) KILL_AFTER="$2"; shift 2 ;;
+    --kill-node) KILL_NODE="$2"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "compose_smoke.sh: error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -136,20 +146,69 @@ FLWR_HOME="$WORK/generated/flwr-home" timeout 900 fedgraph-run "$ROOT" fedgraph 
   "algorithm=\"fedaux\" num-clients=3 rounds=$ROUNDS client-state=\"file\" output-dir=\"/app/outputs\" run-name=\"$RUN_NAME\"" \
   >"$WORK/run.log" 2>&1 &
 RUN_PID=$!
+if [ -n "$KILL_AFTER" ]; then
+  # In the background: the crash after round KILL_AFTER, then both containers watched.
+  (
+    cid() { "$ENGINE" ps -aq --filter "label=com.docker.compose.project=$PROJECT" \
+              --filter "label=com.docker.compose.service=$1"; }
+    restarts() { "$ENGINE" inspect -f '{{.RestartCount}}' "$1"; }
+    running() { [ "$("$ENGINE" inspect -f '{{.State.Running}}' "$1")" = true ]; }
+    until grep -qE "round $KILL_AFTER/$ROUNDS:" "$WORK/run.log"; do
+      kill -0 "$RUN_PID" 2>/dev/null || exit 0; sleep 0.2
+    done
+    node="$(cid "supernode-$KILL_NODE")"; exe="$(cid "superexec-clientapp-$KILL_NODE")"
+    n0="$(restarts "$node")"; e0="$(restarts "$exe")"
+    pid="$("$ENGINE" inspect -f '{{.State.Pid}}' "$node")"
+    t0=$(date +%s.%N)
+    kill -9 "$pid"
+    say "round $KILL_AFTER done: SIGKILL to supernode-$KILL_NODE's process (host pid $pid); no manual step from here"
+    node_back=""; exe_back=""
+    while kill -0 "$RUN_PID" 2>/dev/null && { [ -z "$node_back" ] || [ -z "$exe_back" ]; }; do
+      now=$(date +%s.%N)
+      if [ -z "$node_back" ] && [ "$(restarts "$node")" -gt "$n0" ] && running "$node"; then
+        node_back=$(python3 -c "print(f'{$now - $t0:.1f}')")
+        say "supernode-$KILL_NODE restarted by its policy ${node_back} s after the kill (restarts: $n0 -> $(restarts "$node"))"
+      fi
+      if [ -z "$exe_back" ] && [ "$(restarts "$exe")" -gt "$e0" ] && running "$exe"; then
+        exe_back=$(python3 -c "print(f'{$now - $t0:.1f}')")
+        say "superexec-clientapp-$KILL_NODE restarted by its policy ${exe_back} s after the kill (restarts: $e0 -> $(restarts "$exe"))"
+      fi
+      sleep 0.5
+    done
+    echo "$node_back $exe_back" >"$WORK/kill.result"
+  ) &
+  WATCH_PID=$!
+fi
 tail -n +1 -f --pid="$RUN_PID" "$WORK/run.log" | grep --line-buffered -E "round [0-9]+/|test at|results written|rror|fedgraph-run" || true
 RUN_RC=0; wait "$RUN_PID" || RUN_RC=$?
+[ -z "$KILL_AFTER" ] || wait "$WATCH_PID"  # the kill watcher (not the wheel server)
 say "fedgraph-run took $(( $(date +%s) - t0 )) s, exit status $RUN_RC"
 RESULTS="$WORK/generated/outputs/$RUN_NAME/results.json"
 [ "$RUN_RC" = 0 ] || { tail -n 20 "$WORK/run.log" >&2; die "fedgraph-run exited with status $RUN_RC"; }
 [ -f "$RESULTS" ] || { "${COMPOSE[@]}" -p "$PROJECT" logs --tail 40 >&2 || true; die "no $RESULTS"; }
-python3 - "$RESULTS" "$ROUNDS" <<'EOF'
+if [ -n "$KILL_AFTER" ]; then
+  read -r node_back exe_back <"$WORK/kill.result" 2>/dev/null || true
+  [ -n "${node_back:-}" ] || die "supernode-$KILL_NODE was not restarted by its policy"
+  [ -n "${exe_back:-}" ] || die "superexec-clientapp-$KILL_NODE was not restarted by its policy"
+fi
+python3 - "$RESULTS" "$ROUNDS" "${KILL_AFTER:-0}" "$KILL_NODE" <<'EOF'
 import json, math, sys
 results, rounds = json.load(open(sys.argv[1])), int(sys.argv[2])
+kill_after, killed = int(sys.argv[3]), sys.argv[4]
 got = results["rounds"]
 assert [r["round"] for r in got] == list(range(1, rounds + 1)), "rounds missing"
+back = None
 for r in got:
+    if kill_after and r["round"] > kill_after and back is None:
+        if killed not in r["clients"]:  # the rounds it missed: recorded, with the reason
+            print("compose_smoke: round %d without client %s (%.1f s): %s" % (
+                r["round"], killed, r["times"]["round"], r["failures"]))
+            continue
+        back = r["round"]
+        print("compose_smoke: client %s back in round %d, with no manual step" % (killed, back))
     assert sorted(r["clients"]) == ["0", "1", "2"] and not r["failures"], (r["round"], r["failures"])
     assert all(math.isfinite(c["val_metric"]) for c in r["clients"].values())
+assert not kill_after or back is not None, "the killed client never came back"
 per_round = [r["times"]["round"] for r in got]
 print("compose_smoke: results.json: %d rounds, 3/3 clients each, last mean test %.2f%%"
       % (len(got), 100 * sum(c["test_metric"] for c in got[-1]["clients"].values()) / 3))

@@ -10,15 +10,22 @@
 # environment in /opt/venv first on PATH, so `python` and `pip` behave as in the
 # official image (Debian's own python3 refuses `pip install`, PEP 668). The root file
 # system is imported with `docker import` or `podman import` (whichever is here;
-# CONTAINER_ENGINE=podman picks). Needs root, debootstrap and about 400 MB in $TMPDIR.
+# CONTAINER_ENGINE=podman picks). Needs root and about 400 MB in $TMPDIR; installs
+# debootstrap with apt-get where it is missing.
 set -euo pipefail
 IMAGE="${1:-fedgraph-base:bookworm}"
 MIRROR="${2:-http://deb.debian.org/debian}"
 ENGINE="${CONTAINER_ENGINE:-$(command -v docker >/dev/null && echo docker || echo podman)}"
 
 [ "$(id -u)" = 0 ] || { echo "make_base_image.sh: error: needs root (debootstrap, chroot)" >&2; exit 1; }
+if ! command -v debootstrap >/dev/null && command -v apt-get >/dev/null; then
+  echo "make_base_image.sh: installing debootstrap (apt-get)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null 2>&1; } || true
+fi
 command -v debootstrap >/dev/null \
-  || { echo "make_base_image.sh: error: debootstrap not found (apt-get install debootstrap)" >&2; exit 1; }
+  || { echo "make_base_image.sh: error: debootstrap not found and apt-get could not install it" >&2; exit 1; }
 command -v "$ENGINE" >/dev/null \
   || { echo "make_base_image.sh: error: neither docker nor podman found" >&2; exit 1; }
 
