@@ -45,6 +45,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session``), wait
+    up to 5 s, then SIGKILL what is left of it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=5.0)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # the group may outlive its leader (an app process mid-message)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def clean_env(flwr_home: Path) -> dict[str, str]:
     """The caller's environment minus any FLWR_* setting, plus our FLWR_HOME."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
@@ -168,22 +187,8 @@ class LocalDeployment:
     def stop(self, name: str) -> None:
         """SIGTERM the process group (the executors' app processes too), then SIGKILL."""
         proc = self.procs.get(name)
-        if proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=5.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # the group may outlive its leader (an app process mid-message)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            stop_process_group(proc)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):

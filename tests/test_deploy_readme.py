@@ -24,12 +24,13 @@ It uses free ports on 127.0.0.1, not network namespaces: CI may not allow ``unsh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "deploy" / "README.md"
+
+
+def _load_local_cluster():
+    """deploy/local_cluster.py (a script, not a package), as tests/test_deploy.py loads it."""
+    name = "deploy_local_cluster"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "deploy" / "local_cluster.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+cluster = _load_local_cluster()
 OWNERS = 3
 HOST = "superlink.example.org"
 
@@ -65,14 +80,6 @@ def need(block: str, text: str) -> str:
 def swap(block: str, old: str, new: str) -> str:
     """``block`` with ``old`` replaced; fails when the README no longer has ``old``."""
     return need(block, old).replace(old, new)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Organisation:
@@ -112,16 +119,7 @@ class Organisation:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=5)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            cluster.stop_process_group(proc)
 
 
 def wait_for(log: Path, pattern: str, timeout: float, procs: list[subprocess.Popen]) -> None:
@@ -137,13 +135,10 @@ def wait_for(log: Path, pattern: str, timeout: float, procs: list[subprocess.Pop
 
 
 def checkout_copy(dst: Path) -> Path:
-    """What a clone holds that these steps read: the app, the package, configs, deploy/."""
-    dst.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md", "server_app.py", "client_app.py"):
-        shutil.copy(ROOT / name, dst / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("fedgraph_flwr", "configs", "deploy"):
-        shutil.copytree(ROOT / name, dst / name, ignore=ignore)
+    """What a clone holds that these steps read: the app (``copy_app``) and deploy/."""
+    cluster.copy_app(dst)
+    shutil.copytree(ROOT / "deploy", dst / "deploy",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dst
 
 
@@ -158,7 +153,7 @@ def test_the_deploy_readme_replayed_for_three_owners_on_one_host(tmp_path, data_
                             base_env)
     owners = [Organisation(f"owner-{i}", tmp_path, checkout_copy(tmp_path / f"owner-{i}" / "fedgraph"),
                            base_env) for i in range(OWNERS)]
-    superlink_port, superlink_health = free_port(), free_port()
+    superlink_port, superlink_health = cluster.free_port(), cluster.free_port()
     everyone = [operator, *owners]
     try:
         # 0. Every machine.
@@ -218,7 +213,7 @@ def test_the_deploy_readme_replayed_for_three_owners_on_one_host(tmp_path, data_
                     "supernode-0", f"supernode-{i}").replace("clientapp-0", f"clientapp-{i}")
 
             owner.run(local(need(preflight, "/srv/fedgraph/client_0.npz")))
-            runtime, health = free_port(), free_port()
+            runtime, health = cluster.free_port(), cluster.free_port()
             node = local(need(supernode, "/srv/fedgraph/client_0.npz"))
             node = swap(swap(swap(node, f"{HOST}:8000", f"127.0.0.1:{superlink_port}"),
                              "--port 9094", f"--port {runtime}"),
