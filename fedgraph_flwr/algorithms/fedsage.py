@@ -437,6 +437,10 @@ class FedSageTrainer(SupervisedTrainer):
             losses = {"pretrain_loss": total.item(), "pretrain_degree_loss": out.degree_loss.item(),
                       "pretrain_feat_loss": out.feat_loss.item(),
                       "pretrain_class_loss": out.class_loss.item()}
+        if self.options.fed_train == "fgen":
+            # The federated rounds train fGen with their own Adam; this one's moments (two
+            # copies of NeighGen, fGen alone 2048·P·d floats) would only weigh on the state.
+            self.gen_optimizer = None
         return losses
 
     def _generator_pass(self) -> GeneratorPass:
@@ -656,8 +660,8 @@ class FedSageTrainer(SupervisedTrainer):
                  "fed_optimizer": None, "mended": None}
         if self.neighgen is not None:
             state["neighgen"] = self.neighgen.state_dict()
-            assert self.gen_optimizer is not None  # built with neighgen (_ensure_generator)
-            state["gen_optimizer"] = self.gen_optimizer.state_dict()
+            if self.gen_optimizer is not None:  # dropped after pre-training under fed-train=fgen
+                state["gen_optimizer"] = self.gen_optimizer.state_dict()
             if self.fed_optimizer is not None:
                 state["fed_optimizer"] = self.fed_optimizer.state_dict()
         if self.mended is not None:
@@ -678,7 +682,10 @@ class FedSageTrainer(SupervisedTrainer):
             self._build_neighgen()
             assert self.neighgen is not None and self.gen_optimizer is not None
             self.neighgen.load_state_dict(state["neighgen"])
-            self.gen_optimizer.load_state_dict(state["gen_optimizer"])
+            if state.get("gen_optimizer") is None:
+                self.gen_optimizer = None
+            else:
+                self.gen_optimizer.load_state_dict(state["gen_optimizer"])
             if state.get("fed_optimizer") is not None:
                 self.fed_optimizer = self._adam(self.neighgen.fgen.parameters())
                 self.fed_optimizer.load_state_dict(state["fed_optimizer"])
