@@ -5,6 +5,7 @@ process; a Flower simulation)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -247,6 +248,29 @@ def test_relayed_step_equals_the_step_with_the_other_clients_features():
     for name, value in m.neighgen.state_dict().items():
         if not name.startswith("fgen."):
             torch.testing.assert_close(value, reference[name])
+
+
+@pytest.mark.parametrize("fed_train", ["fgen", "all"])
+def test_state_keeps_the_pretraining_adam_only_where_it_trains_again(fed_train):
+    """Under fed-train=fgen the generator rounds train fGen with their own Adam, so the
+    pre-training Adam (two more copies of NeighGen) is dropped from the state; under
+    fed-train=all it trains on and stays. A restored client carries on identically."""
+    cfg = _config(**{"fedsage-gen-rounds": 2, "fedsage-fed-train": fed_train}
+                  ).with_keys({"server-round": 1})
+    trainer = FedSageTrainer(_graph(seed=1), cfg, 3, CPU)
+    torch.manual_seed(0)
+    trainer.run_phase(PRETRAIN, {})
+    state = trainer.local_state()
+    assert (state["gen_optimizer"] is None) == (fed_train == "fgen")
+    twin = FedSageTrainer(_graph(seed=1), cfg, 3, CPU)
+    twin.load_local_state(copy.deepcopy(state))  # as a ClientApp restores it: no shared tensors
+    assert (twin.gen_optimizer is None) == (fed_train == "fgen")
+    for t in (trainer, twin):
+        torch.manual_seed(1)  # gen_send draws its pass's seed from the global stream
+        t.run_phase(GEN_SEND, {})
+        t.run_phase(GEN_STEP, {CONTRIBUTORS: np.array([0])})
+    for name, value in trainer.neighgen.state_dict().items():
+        torch.testing.assert_close(twin.neighgen.state_dict()[name], value, rtol=0, atol=0)
 
 
 # --- runs ----------------------------------------------------------------------------------------
