@@ -26,7 +26,12 @@ from fedgraph_flwr.algorithms.mixing import mix, row_softmax
 from fedgraph_flwr.config import RunConfig
 from fedgraph_flwr.nn.disengcn import NeighbourhoodRouting, routing_layer_split
 from fedgraph_flwr.nn.factor_graph import EdgeAggregate, EdgeDots, build_factor_graph
-from fedgraph_flwr.nn.hvgae import hvgae_loss, reconstruction_loss, resolve_recon_method
+from fedgraph_flwr.nn.hvgae import (
+    hvgae_loss,
+    reconstruction_loss,
+    resolve_recon_method,
+    standard_prior_loss,
+)
 
 CPU = torch.device("cpu")
 SMALL = RunConfig.from_config({
@@ -413,6 +418,79 @@ def test_code_mode_elbo_moves_only_alpha_hat_paper_mode_trains_encoder():
         cls_only.optimizer.step()
     for k, v in cls_only.upload().items():
         assert np.array_equal(v, code.upload()[k])
+
+
+# --- ablations (spec §9 item 18) ------------------------------------------------------------
+NO_HM = {"fediih-prior": "standard"}
+NO_VI = {"fediih-inference": "deterministic"}
+
+
+def test_standard_prior_is_bit_identical_in_code_mode_and_differs_in_paper_mode():
+    """Code mode: Step B trains nothing the model uses, and the standard prior draws the
+    same random numbers, so "w/o HM" is FedIIH to the bit; paper mode tells them apart."""
+    data = random_graph(60)
+    full, m_full = _run(SMALL, data)
+    no_hm, m_no_hm = _run(SMALL.with_keys(NO_HM), data)
+    assert m_no_hm["train_loss"] == m_full["train_loss"]
+    assert set(m_no_hm) == {"train_loss", "hvgae_loss", "hvgae_kl_data", "hvgae_recon"}
+    assert m_no_hm["hvgae_recon"] == m_full["hvgae_recon"]
+    for k, v in full.upload().items():
+        assert np.array_equal(v, no_hm.upload()[k])
+    for k in ("mu", "logvar"):
+        assert np.array_equal(full.signature()[k], no_hm.signature()[k])
+    paper = SMALL.with_keys({"fediih-mode": "paper"})
+    a, _ = _run(paper, data)
+    b, _ = _run(paper.with_keys(NO_HM), data)
+    assert not np.allclose(a.upload()["pca.weight"], b.upload()["pca.weight"])
+
+
+def test_standard_prior_kl_is_the_closed_form_against_n01():
+    mu, logvar = torch.tensor([[[0.5, -1.0]]]), torch.tensor([[[0.2, -0.3]]])
+    ei = torch.tensor([[0], [0]])
+    terms = standard_prior_loss(mu, logvar, ei)
+    expected = 0.5 * (mu ** 2 + logvar.exp() - 1.0 - logvar).mean()
+    assert torch.isclose(terms["kl_data"], expected)
+
+
+def test_deterministic_encoder_sends_mu_alone_and_trains_the_encoder_as_an_autoencoder():
+    data = random_graph(60)
+    tr, metrics = _run(SMALL.with_keys(NO_VI), data)
+    sig = tr.signature()
+    assert set(sig) == {"mu"} and sig["mu"].shape == (2, 8)
+    assert set(metrics) == {"train_loss", "hvgae_loss", "hvgae_recon"}
+    # Code mode: the model is the classification-only model of the full method's run.
+    full, _ = _run(SMALL, data)
+    assert np.array_equal(full.upload()["clf.weight"], tr.upload()["clf.weight"])
+    paper, _ = _run(SMALL.with_keys({**NO_VI, "fediih-mode": "paper"}), data)
+    assert not np.allclose(paper.upload()["pca.weight"], tr.upload()["pca.weight"])
+
+
+def test_deterministic_similarity_is_the_cosine_of_node_mean_mu_and_sends_no_prior():
+    """Two factors; clients 0 and 1 parallel in factor 0, orthogonal in factor 1."""
+    init = FedIIHTrainer.initial_arrays(12, 3, SMALL)
+    mu = np.zeros((3, 2, 8))
+    mu[0, 0, 0] = 1.0
+    mu[1, 0, 0] = 3.0
+    mu[2, 0, 1] = 1.0
+    mu[0, 1, 2], mu[1, 1, 3], mu[2, 1, 2] = 1.0, 1.0, 1.0
+    updates = {c: ClientUpdate({k: v.copy() for k, v in init.items()},
+                               {"mu": mu[c].astype(np.float32)}, 10) for c in range(3)}
+    config = SMALL.with_keys({**NO_VI, "fediih-tau": 2.0})
+    res = FedIIHAggregator(config, [0, 1, 2], init).aggregate(1, updates)
+    s0 = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 1]], dtype=float)
+    s1 = np.array([[1, 0, 1], [0, 1, 0], [1, 0, 1]], dtype=float)
+    assert np.allclose(res.diagnostics["similarity.0"], s0)
+    assert np.allclose(res.diagnostics["similarity.1"], s1)
+    assert np.isclose(res.metrics["beta-self-mean.0"],
+                      np.mean([np.e ** 2 / (2 * np.e ** 2 + 1)] * 2 + [np.e ** 2 / (np.e ** 2 + 2)]))
+    assert "alpha-norm" not in res.metrics
+    for c in range(3):
+        assert PRIOR_KEY not in res.payloads[c]
+    plan = FedIIHAggregator(config, [0, 1, 2], init).mixing_plan(1, updates)
+    assert plan.clear == {}
+    no_hm = FedIIHAggregator(SMALL.with_keys(NO_HM), [0, 1, 2], init).aggregate(
+        1, {c: _update(init, mu[c], np.zeros((2, 8))) for c in range(3)})
+    assert all(PRIOR_KEY not in p for p in no_hm.payloads.values())
 
 
 def test_binary_task_uses_one_logit_and_roc_auc():

@@ -23,6 +23,15 @@ per factor k, S^k = 1 − JS/ln 2 between the clients' diagonal Gaussians
 Σ_j β^k_mj × (factor block k of pca.weight, pca.bias, clf.weight of client j).
 ``clf.bias`` is a uniform mean (K ≥ 2), or β-weighted too when K = 1 (spec §9.12).
 
+Ablations (paper Table 5 and appendix Table 6 name them but never define them; spec
+§9 item 18's interpretations): "w/o Dis" is ``fediih-factors=1``; "w/o HM" is
+``fediih-prior="standard"`` (Step B's KL is to N(0, I), no α̂ or α̃, nothing of α̃
+sent); "w/o VI" is ``fediih-inference="deterministic"`` (Step B is a plain graph
+autoencoder on the μ-branch: no σ-branch, no sample, no prior; the signature is the
+node-mean μ alone and S^k is the cosine of the clients' μ̄^k). In the default code
+mode Step B trains no model parameter, so "w/o HM" leaves the model, the signature
+and every metric bit-identical (same RNG draws): only paper mode can tell it apart.
+
 Config: ``hidden`` is the per-factor width d_k (spec §9.3), so the projection has
 K·hidden units; ``num-layers`` is unused (``fediih-routing-layers`` sets depth).
 ``fediih-recon`` picks how the n² reconstruction term is computed (see
@@ -53,11 +62,13 @@ from ..nn.hvgae import (
     SIGMA2_ALPHA,
     SIGMA2_H,
     VariationalRoutingBranches,
+    graph_autoencoder_loss,
     hvgae_loss,
     resolve_recon_method,
+    standard_prior_loss,
 )
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
-from .mixing import average, mix, row_softmax
+from .mixing import average, cosine_similarity, mix, row_softmax
 from .options import Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
 
@@ -65,6 +76,8 @@ if TYPE_CHECKING:
     from ..config import ClientConfig
 
 MODES = ("code", "paper")
+PRIORS = ("hierarchical", "standard")
+INFERENCES = ("variational", "deterministic")
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,11 @@ class FedIIHOptions(Options, prefix="fediih"):
     routing_tau: float = option(1.0, "routing temperature τ_p", low=0.0, low_inclusive=False)
     tau: float = option(10.0, "softmax scale τ of the server's similarity weights (0 = uniform)",
                         low=0.0)
+    prior: str = option("hierarchical", "Step B's prior: hierarchical (N(α̂, s²), α̂ tied to the "
+                        "server's α̃) | standard (N(0, I); the 'w/o HM' ablation)", choices=PRIORS)
+    inference: str = option("variational", "variational (μ/σ branches, sampled latent, JS similarity) "
+                            "| deterministic (μ-branch autoencoder, cosine of node-mean μ; the "
+                            "'w/o VI' ablation)", choices=INFERENCES)
     routing_kernel: str = option("auto", "routing kernel: auto (fused on CPU clients of at least "
                                  "4,097 nodes, else sparse) | sparse | fused (CPU only; equal to "
                                  "rounding, 4-5x faster; torch.rand dropout masks)",
@@ -92,6 +110,11 @@ class FedIIHOptions(Options, prefix="fediih"):
                                 low=1)
     recon_block_rows: int = option(0, "recon=blockwise: rows per block (0 = ~16M logits per "
                                    "block)", low=0)
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether α̂ and the server's α̃ exist (not under either ablation)."""
+        return self.prior == "hierarchical" and self.inference == "variational"
 PRIOR_KEY = "prior.alpha"
 MODEL_KEYS = ("pca.weight", "pca.bias", "clf.weight", "clf.bias")
 
@@ -115,6 +138,8 @@ class FedIIHTrainer(SupervisedTrainer):
         super().__init__(data, config, num_classes, device)  # seeds, builds model + optimizer
         opts = self.options
         self.mode = opts.mode
+        self.hierarchical = opts.hierarchical
+        self.deterministic = opts.inference == "deterministic"
         # In code mode no parameter receives the reconstruction's gradient (α̂ is not in
         # it), so for large clients "auto" only estimates the logged value.
         self.recon_method = resolve_recon_method(
@@ -167,6 +192,29 @@ class FedIIHTrainer(SupervisedTrainer):
         h = self.model.embed(self.data.x, self.data.edge_index)
         return self.branches(h, self.data.edge_index)
 
+    def encode_mean(self) -> torch.Tensor:
+        """μ [n, K, d_k] alone, from the μ-branch (the deterministic encoder)."""
+        h = self.model.embed(self.data.x, self.data.edge_index)
+        return self.branches.mean(h, self.data.edge_index)
+
+    def step_b_loss(self, train_encoder: bool
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """Step B's terms and the (μ, ℓ) they came from (ℓ is None when deterministic).
+
+        Without ``train_encoder`` the encoder's graph is skipped (code mode: it gets no
+        ELBO gradient); α̂'s part of the loss is still differentiated.
+        """
+        recon = (self.data.edge_index, self.recon_method, self.recon_columns, self.recon_block_rows)
+        if self.deterministic:
+            with torch.set_grad_enabled(train_encoder):
+                mu = self.encode_mean()
+            return graph_autoencoder_loss(mu, *recon), mu, None
+        with torch.set_grad_enabled(train_encoder):
+            mu, logvar = self.encode()
+        if self.hierarchical:
+            return hvgae_loss(mu, logvar, self.alpha_local, self.alpha_global, *recon), mu, logvar
+        return standard_prior_loss(mu, logvar, *recon), mu, logvar
+
     # --- ClientTrainer --------------------------------------------------------------
     def load_payload(self, arrays: Arrays) -> None:
         """The shared model and, if sent, the server's prior α̃."""
@@ -193,17 +241,15 @@ class FedIIHTrainer(SupervisedTrainer):
             self.vae_optimizer.zero_grad()
             if self.encoder_optimizer is not None:
                 self.encoder_optimizer.zero_grad()
-            # Code mode: the encoder gets no ELBO gradient, so skip its graph entirely.
-            with torch.set_grad_enabled(train_encoder):
-                mu, logvar = self.encode()
-            terms = hvgae_loss(mu, logvar, self.alpha_local, self.alpha_global, data.edge_index,
-                               self.recon_method, self.recon_columns, self.recon_block_rows)
-            terms["loss"].backward()
-            self.vae_optimizer.step()
-            if self.encoder_optimizer is not None:
-                self.encoder_optimizer.step()
+            terms, mu, logvar = self.step_b_loss(train_encoder)
+            # Without α̂ (either ablation) code mode leaves nothing for the loss to train.
+            if terms["loss"].requires_grad:
+                terms["loss"].backward()
+                self.vae_optimizer.step()
+                if self.encoder_optimizer is not None:
+                    self.encoder_optimizer.step()
             self.posterior_mean = mu.detach().mean(0)
-            self.posterior_logvar = logvar.detach().mean(0)
+            self.posterior_logvar = None if logvar is None else logvar.detach().mean(0)
         out = {"train_loss": cls_loss}
         out.update({f"hvgae_{k}": float(v.detach()) for k, v in terms.items()})
         return out
@@ -221,16 +267,20 @@ class FedIIHTrainer(SupervisedTrainer):
         return evaluation_metrics(logits, data, self.metric, val_loss=val_loss)
 
     def signature(self) -> Arrays:
-        """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node)."""
-        if self.posterior_mean is None or self.posterior_logvar is None:
+        """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node);
+        μ's alone under the deterministic encoder."""
+        if self.posterior_mean is None:
             # Not trained this round (not in the engine's flow): one training-mode pass.
             self.model.train()
             self.branches.train()
             with torch.no_grad():
-                mu, logvar = self.encode()
-            self.posterior_mean, self.posterior_logvar = mu.mean(0), logvar.mean(0)
-        return {"mu": self.posterior_mean.cpu().numpy().astype(np.float32),
-                "logvar": self.posterior_logvar.cpu().numpy().astype(np.float32)}
+                _, mu, logvar = self.step_b_loss(train_encoder=False)
+            self.posterior_mean = mu.mean(0)
+            self.posterior_logvar = None if logvar is None else logvar.mean(0)
+        signature = {"mu": self.posterior_mean.cpu().numpy().astype(np.float32)}
+        if self.posterior_logvar is not None:
+            signature["logvar"] = self.posterior_logvar.cpu().numpy().astype(np.float32)
+        return signature
 
     def local_state(self) -> dict[str, Any]:
         """The base state plus α̂, α̃ and the ELBO's optimizers."""
@@ -367,6 +417,7 @@ class FedIIHAggregator(Aggregator):
         ids, similarity, beta, alpha = self._factor_weights(updates)
         num_clients, num_factors = len(ids), beta.shape[0]
         d_k = updates[ids[0]].signature["mu"].shape[-1]
+        prior = {} if alpha is None else {PRIOR_KEY: alpha}
 
         uploads = [updates[c].arrays for c in ids]
         # Client m's factor-k block: Σ_j β^k_mj × client j's factor-k block.
@@ -388,7 +439,7 @@ class FedIIHAggregator(Aggregator):
                 "clf.weight": np.concatenate([b[m]["clf.weight"] for b in blocks], axis=1),
                 "clf.bias": clf_bias[m],
                 **others,
-                PRIOR_KEY: alpha,
+                **prior,
             }
         return AggregateResult(payloads=payloads, diagnostics=self._diagnostics(similarity),
                                metrics=self._metrics(similarity, beta, alpha))
@@ -412,17 +463,21 @@ class FedIIHAggregator(Aggregator):
         }
         groups.update({n: num_factors for n in self.initial if n not in MODEL_KEYS})
         return MixingPlan(ids, np.concatenate([beta, uniform]), groups,
-                          clear={c: {PRIOR_KEY: alpha} for c in ids},
+                          clear={} if alpha is None else {c: {PRIOR_KEY: alpha} for c in ids},
                           diagnostics=self._diagnostics(similarity),
                           metrics=self._metrics(similarity, beta, alpha))
 
     def _factor_weights(self, updates: dict[int, ClientUpdate]
-                        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-        """ids, per-factor similarity S [F, M, M], β = row-softmax(τ S), α̃ (float32)."""
+                        ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray | None]:
+        """ids, per-factor similarity S [F, M, M], β = row-softmax(τ S), α̃ (float32; None
+        under either ablation, which has no hierarchical prior)."""
         ids = sorted(updates)
         mu = np.stack([updates[c].signature["mu"] for c in ids]).astype(np.float64)  # [M, K, d_k]
-        logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
         tau = self.options.tau
+        if self.options.inference == "deterministic":
+            similarity = np.stack([cosine_similarity(mu[:, k]) for k in range(mu.shape[1])])
+            return ids, similarity, row_softmax(similarity, tau), None
+        logvar = np.stack([updates[c].signature["logvar"] for c in ids]).astype(np.float64)
         if self.mix_dtype == np.float32:
             # float32 mode: the pairwise JS in float32 too (its cost dominates), the
             # softmax (still float64) with torch on every core.
@@ -431,17 +486,19 @@ class FedIIHAggregator(Aggregator):
         else:
             similarity = factor_similarity(mu, logvar)
             beta = row_softmax(similarity, tau)
-        return ids, similarity, beta, global_factor_means(mu).astype(np.float32)
+        alpha = global_factor_means(mu).astype(np.float32) if self.options.hierarchical else None
+        return ids, similarity, beta, alpha
 
     @staticmethod
     def _diagnostics(similarity: np.ndarray) -> dict[str, np.ndarray]:
         return {f"similarity.{k}": similarity[k] for k in range(similarity.shape[0])}
 
     @staticmethod
-    def _metrics(similarity: np.ndarray, beta: np.ndarray, alpha: np.ndarray) -> dict[str, float]:
+    def _metrics(similarity: np.ndarray, beta: np.ndarray, alpha: np.ndarray | None
+                 ) -> dict[str, float]:
         num_factors, num_clients = beta.shape[0], beta.shape[1]
         off_diag = ~np.eye(num_clients, dtype=bool)
-        metrics = {"alpha-norm": float(np.linalg.norm(alpha))}
+        metrics = {} if alpha is None else {"alpha-norm": float(np.linalg.norm(alpha))}
         for k in range(num_factors):
             metrics[f"similarity-offdiag-mean.{k}"] = (
                 float(similarity[k][off_diag].mean()) if num_clients > 1 else 1.0)

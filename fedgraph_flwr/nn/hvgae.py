@@ -13,6 +13,9 @@ Pieces, each usable alone:
   estimate from uniformly sampled columns; edges exact).
 - :func:`hvgae_loss`: the released code's loss (spec §3.7) with the learnable
   local factor means α̂ [K, d_k] and the server's global means α̃ [K, d_k].
+- :func:`standard_prior_loss` and :func:`graph_autoencoder_loss`: the ablations'
+  losses without the hierarchical prior ("w/o HM") and without variational
+  inference ("w/o VI"), spec §9 item 18.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ class VariationalRoutingBranches(nn.Module):
     def forward(self, h: torch.Tensor, edge_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(μ, log σ²) of the latent factors."""
         return self._branch(self.mu_layers, h, edge_index), self._branch(self.logvar_layers, h, edge_index)
+
+    def mean(self, h: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """μ [n, K, d_k] alone: the deterministic encoder of the "w/o VI" ablation."""
+        return self._branch(self.mu_layers, h, edge_index)
 
 
 def reparameterize(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -224,8 +231,41 @@ def hvgae_loss(
             "kl_data": kl_data, "recon": recon}
 
 
+def standard_prior_loss(
+    mu: torch.Tensor,
+    logvar: torch.Tensor,
+    edge_index: torch.Tensor,
+    recon_method: str = "dense",
+    num_columns: int = 256,
+    block_rows: int = 0,
+) -> dict[str, torch.Tensor]:
+    """"w/o HM": :func:`hvgae_loss` with the prior N(0, I) in place of N(α̂, s²), no α̂, α̃.
+
+    ``kl_data`` = Σ_k mean_{i,j} KL(N(μ^k_ij, e^ℓ) ‖ N(0, 1)); ``recon`` as in
+    :func:`hvgae_loss`, from the same reparameterised sample (same RNG draws).
+    """
+    kl_data = kl_diag_to_isotropic(mu, logvar, mu.new_zeros(()), prior_var=1.0).mean(dim=(0, 2)).sum()
+    sample = reparameterize(mu, logvar).reshape(mu.size(0), -1)
+    recon = reconstruction_loss(sample, edge_index, recon_method, num_columns, block_rows)
+    return {"loss": kl_data + recon, "kl_data": kl_data, "recon": recon}
+
+
+def graph_autoencoder_loss(
+    mu: torch.Tensor,
+    edge_index: torch.Tensor,
+    recon_method: str = "dense",
+    num_columns: int = 256,
+    block_rows: int = 0,
+) -> dict[str, torch.Tensor]:
+    """"w/o VI": the reconstruction term on μ [n, K, d_k] itself: no σ, no sample, no KL."""
+    recon = reconstruction_loss(mu.reshape(mu.size(0), -1), edge_index, recon_method,
+                                num_columns, block_rows)
+    return {"loss": recon, "recon": recon}
+
+
 __all__ = [
     "RECON_METHODS", "SIGMA2_ALPHA", "SIGMA2_H", "VariationalRoutingBranches", "hvgae_loss",
+    "graph_autoencoder_loss", "standard_prior_loss",
     "edge_logit_sum", "kl_diag_to_isotropic", "log_standard_normal", "pairwise_softplus_sum",
     "reconstruction_loss", "reparameterize", "resolve_recon_method",
     "unique_edges",
