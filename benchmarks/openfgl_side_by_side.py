@@ -48,7 +48,8 @@ from fedgraph_flwr.engine.protocols import best_val_index
 OPENFGL_ADAFGL_STEP1 = 50
 
 #: OpenFGL's algorithm name -> this project's.
-ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar"}
+ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar",
+              "scaffold": "scaffold", "moon": "moon"}
 
 
 def run_openfgl(argv: list[str]) -> int:

@@ -18,6 +18,8 @@ from . import (
     fedstar,
     gcfl,
     local,
+    moon,
+    scaffold,
 )
 from .options import ConfigError, Options, option
 from .registry import ALGORITHMS, Algorithm, get_algorithm, register
@@ -40,5 +42,7 @@ register("fedlit", fedlit.FedLitTrainer, fedlit.FedLitAggregator, fedlit.FedLitO
 register("fedgnn", fedgnn.FedGNNTrainer, fedgnn.FedGNNAggregator, fedgnn.FedGNNOptions)
 register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.FedSageOptions)
 register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLOptions)
+register("scaffold", scaffold.ScaffoldTrainer, scaffold.ScaffoldAggregator, scaffold.ScaffoldOptions)
+register("moon", moon.MOONTrainer, moon.MOONAggregator, moon.MOONOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]
