@@ -11,6 +11,7 @@ from . import (
     fediih,
     fedlit,
     fedper,
+    fedproto,
     fedprox,
     fedpub,
     fedsage,
@@ -44,5 +45,6 @@ register("fedsage", fedsage.FedSageTrainer, fedsage.FedSageAggregator, fedsage.F
 register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLOptions)
 register("scaffold", scaffold.ScaffoldTrainer, scaffold.ScaffoldAggregator, scaffold.ScaffoldOptions)
 register("moon", moon.MOONTrainer, moon.MOONAggregator, moon.MOONOptions)
+register("fedproto", fedproto.FedProtoTrainer, fedproto.FedProtoAggregator, fedproto.FedProtoOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

@@ -1,0 +1,77 @@
+"""FedProto: the prototype aggregation and the local prototypes on hand-made inputs with
+known answers, both flavours, and a 3-round smoke through the trainers and aggregator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_baselines import CPU, NUM_CLASSES, make_config, run_rounds, tiny_graph
+
+from fedgraph_flwr.algorithms import fedproto
+
+
+def test_class_means_and_absent_classes():
+    z = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]])
+    labels = torch.tensor([0, 0, 2])
+    means = fedproto.class_means(z, labels, 3)
+    assert torch.equal(means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [5.0, 5.0]]))
+
+
+def test_official_aggregation_averages_over_the_clients_that_have_the_class():
+    prototypes = np.array([[[1.0, 1.0], [0.0, 0.0]],    # client 0: class 0 only
+                           [[3.0, 5.0], [2.0, 4.0]],    # client 1: both
+                           [[0.0, 0.0], [0.0, 0.0]]])   # client 2: neither
+    out = fedproto.aggregate_prototypes(prototypes, np.array([0.2, 0.3, 0.5]), "official")
+    assert np.allclose(out, [[2.0, 3.0], [2.0, 4.0]])
+
+
+def test_openfgl_aggregation_is_the_weighted_sum_zero_rows_included():
+    prototypes = np.array([[[1.0, 1.0], [0.0, 0.0]],
+                           [[3.0, 5.0], [2.0, 4.0]],
+                           [[0.0, 0.0], [0.0, 0.0]]])
+    out = fedproto.aggregate_prototypes(prototypes, np.array([0.2, 0.3, 0.5]), "openfgl")
+    assert np.allclose(out, [[0.2 + 0.9, 0.2 + 1.5], [0.6, 1.2]])
+
+
+@pytest.mark.parametrize("flavour", ["official", "openfgl"])
+def test_uploads_are_class_means_of_the_training_nodes(flavour):
+    """official: z of the last epoch's forward, before its step (here the initial model);
+    openfgl: z of the trained model in eval mode. No dropout, so both are deterministic."""
+    config = make_config(fedproto.FedProtoOptions, fedproto_flavour=flavour, dropout=0.0)
+    data = tiny_graph(4)
+    trainer = fedproto.FedProtoTrainer(data, config, NUM_CLASSES, CPU)
+    twin = fedproto.FedProtoTrainer(data, config, NUM_CLASSES, CPU)  # the same initial model
+    trainer.load_payload(fedproto.FedProtoTrainer.initial_arrays(8, NUM_CLASSES, config))
+    trainer.train(1)
+    reference = twin if flavour == "official" else trainer
+    with torch.no_grad():
+        z, _ = reference.hidden(training=False)
+    expected = np.stack([z[data.train_mask & (data.y == c)].mean(0).numpy()
+                         for c in range(NUM_CLASSES)])
+    assert np.allclose(trainer.upload()[fedproto.PROTOTYPES_KEY], expected, atol=1e-6)
+    assert not np.allclose(twin.upload()[fedproto.PROTOTYPES_KEY], expected)  # zeros before training
+
+
+def test_regulariser_is_the_mse_to_the_global_prototype_of_each_nodes_class():
+    config = make_config(fedproto.FedProtoOptions, dropout=0.0)
+    data = tiny_graph(6)
+    trainer = fedproto.FedProtoTrainer(data, config, NUM_CLASSES, CPU)
+    g = torch.randn(NUM_CLASSES, config.hidden)
+    g[2] = 0.0  # class 2 has no global prototype: its nodes add 0 but count
+    trainer.global_prototypes = g
+    with torch.no_grad():
+        z, _ = trainer.hidden(training=False)
+        zt, yt = z[data.train_mask], data.y[data.train_mask]
+        diff = torch.where((yt != 2)[:, None], zt - g[yt], torch.zeros_like(zt))
+        assert torch.isclose(trainer.prototype_loss(z), diff.pow(2).mean())
+
+
+@pytest.mark.parametrize("flavour", ["official", "openfgl"])
+def test_fedproto_smoke(flavour):
+    log, _ = run_rounds(fedproto.FedProtoTrainer, fedproto.FedProtoAggregator,
+                        make_config(fedproto.FedProtoOptions, fedproto_flavour=flavour), rounds=3)
+    assert all(m["prototype_loss"] == 0.0 for m in log[0]["metrics"].values())
+    assert all(m["prototype_loss"] > 0.0 for m in log[1]["metrics"].values())
+    ce = [np.mean([m["train_loss"] - m["prototype_loss"] for m in e["metrics"].values()]) for e in log]
+    assert ce[-1] < ce[0]
