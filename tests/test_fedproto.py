@@ -1,5 +1,5 @@
-"""FedProto: the prototype aggregation and the local prototypes on hand-made inputs with
-known answers, both flavours, and a 3-round smoke through the trainers and aggregator."""
+"""FedProto and FedTGP: prototype aggregation, local prototypes, the margin loss and the
+class gaps on hand-made inputs with known answers, both flavours, and 3-round smokes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_baselines import CPU, NUM_CLASSES, make_config, run_rounds, tiny_graph
 
-from fedgraph_flwr.algorithms import fedproto
+from fedgraph_flwr.algorithms import fedproto, fedtgp
 
 
 def test_class_means_and_absent_classes():
@@ -75,3 +75,33 @@ def test_fedproto_smoke(flavour):
     assert all(m["prototype_loss"] > 0.0 for m in log[1]["metrics"].values())
     ce = [np.mean([m["train_loss"] - m["prototype_loss"] for m in e["metrics"].values()]) for e in log]
     assert ce[-1] < ce[0]
+
+
+# --- FedTGP (FedProto's clients, a trained server) ------------------------------------------
+def test_margin_loss_closed_form():
+    """One prototype at distance 1 from its class centre and 3 from the other, margin 1:
+    logits −(1 + 1), −3, so CE = log(1 + e^{−1})."""
+    p = torch.tensor([[1.0, 0.0]])
+    centres = torch.tensor([[0.0, 0.0], [4.0, 0.0]])
+    loss = fedtgp.margin_loss(p, torch.tensor([0]), centres, 1.0)
+    assert torch.isclose(loss, torch.log1p(torch.exp(torch.tensor(-1.0))))
+
+
+def test_class_gaps_nearest_other_class_and_lonely_classes_take_the_smallest():
+    means = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0], [9.0, 9.0]])
+    present = torch.tensor([True, True, True, False])
+    gaps = fedtgp.class_gaps(means, present)
+    assert torch.allclose(gaps, torch.tensor([3.0, 3.0, 4.0, 3.0]))
+
+
+@pytest.mark.parametrize("flavour", ["official", "openfgl"])
+def test_fedtgp_smoke_and_the_server_pulls_prototypes_to_their_classes(flavour):
+    config = make_config(fedtgp.FedTGPOptions, fedtgp_flavour=flavour, fedtgp_server_epochs=50)
+    log, agg = run_rounds(fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, config, rounds=3)
+    assert all(m["prototype_loss"] == 0.0 for m in log[0]["metrics"].values())
+    assert all(m["prototype_loss"] > 0.0 for m in log[1]["metrics"].values())
+    assert all(np.isfinite(e["result"].metrics["tgp-loss"]) for e in log)
+    initial = {fedproto.PROTOTYPES_KEY: np.zeros((3, 16), np.float32)}
+    again = fedtgp.FedTGPAggregator(config, [0, 1, 2], initial)
+    again.load_state_dict(agg.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(agg.tgp.parameters(), again.tgp.parameters()))

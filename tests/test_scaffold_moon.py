@@ -9,11 +9,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from fedgraph_flwr.algorithms import moon, scaffold
-from fedgraph_flwr.algorithms.base import ClientUpdate
-from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions, GCNTrainer
-
 from test_baselines import (
     CPU,
     NUM_CLASSES,
@@ -23,6 +18,10 @@ from test_baselines import (
     run_rounds,
     tiny_graph,
 )
+
+from fedgraph_flwr.algorithms import moon, scaffold
+from fedgraph_flwr.algorithms.base import ClientUpdate
+from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions, GCNTrainer
 
 
 # --- SCAFFOLD ----------------------------------------------------------------------------
@@ -38,7 +37,7 @@ def test_one_sgd_step_makes_the_control_variate_the_gradient_at_the_received_mod
     payload = {k: (rng.normal(size=v.shape).astype(np.float32) if k.startswith("control.") else v)
                for k, v in initial.items()}
     trainer = scaffold.ScaffoldTrainer(data, config, NUM_CLASSES, CPU)
-    for name, c_i in trainer.local_control.items():
+    for c_i in trainer.local_control.values():
         c_i.copy_(torch.from_numpy(rng.normal(size=tuple(c_i.shape)).astype(np.float32)))
     previous_local = {n: c.clone() for n, c in trainer.local_control.items()}
     trainer.load_payload(payload)

@@ -17,6 +17,7 @@ from . import (
     fedsage,
     fedspray,
     fedstar,
+    fedtgp,
     gcfl,
     local,
     moon,
@@ -46,5 +47,6 @@ register("adafgl", adafgl.AdaFGLTrainer, adafgl.AdaFGLAggregator, adafgl.AdaFGLO
 register("scaffold", scaffold.ScaffoldTrainer, scaffold.ScaffoldAggregator, scaffold.ScaffoldOptions)
 register("moon", moon.MOONTrainer, moon.MOONAggregator, moon.MOONOptions)
 register("fedproto", fedproto.FedProtoTrainer, fedproto.FedProtoAggregator, fedproto.FedProtoOptions)
+register("fedtgp", fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, fedtgp.FedTGPOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

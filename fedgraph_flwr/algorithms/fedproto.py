@@ -34,7 +34,7 @@ whose noise makes every row non-zero, ``official`` averages over all clients).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -88,8 +88,30 @@ def aggregate_prototypes(prototypes: np.ndarray, weights: np.ndarray, flavour: s
 class FedProtoTrainer(SupervisedTrainer):
     """A personal GCN trained with CE + λ·(distance to the global class prototypes)."""
 
-    options_class = FedProtoOptions
+    options_class: ClassVar[type[Options]] = FedProtoOptions
     options: FedProtoOptions
+    model: GCN
+
+    # The flavour's three client choices (module docstring); FedTGP's client reuses them.
+    @property
+    def z_after_dropout(self) -> bool:
+        """Whether z is read after dropout (OpenFGL) or before (the official code)."""
+        return self.options.flavour == "openfgl"
+
+    @property
+    def prototypes_after_training(self) -> bool:
+        """Whether prototypes come from an eval-mode pass after training."""
+        return self.options.flavour == "openfgl"
+
+    @property
+    def class_sum_loss(self) -> bool:
+        """Whether the regulariser sums per-class MSEs (OpenFGL) or averages over nodes."""
+        return self.options.flavour == "openfgl"
+
+    @property
+    def regulariser_weight(self) -> float:
+        """λ."""
+        return self.options.weight
 
     def __init__(self, data: Any, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
@@ -131,7 +153,7 @@ class FedProtoTrainer(SupervisedTrainer):
         mask = data.train_mask
         z_train, y_train = z[mask], data.y[mask]
         targets = self.global_prototypes[y_train]  # [n_train, d]
-        if self.options.flavour == "openfgl":
+        if self.class_sum_loss:
             return sum((F.mse_loss(z_train[y_train == c], targets[y_train == c])
                         for c in torch.unique(y_train).tolist()), torch.zeros((), device=z.device))
         has_target = self.global_prototypes.abs().sum(1)[y_train] > 0
@@ -142,8 +164,7 @@ class FedProtoTrainer(SupervisedTrainer):
     def train(self, epochs: int) -> dict[str, float]:
         """Full-batch Adam on CE + λ·prototype loss; then this round's local prototypes."""
         data = self.data
-        lam = self.options.weight
-        official = self.options.flavour == "official"
+        lam = self.regulariser_weight
         regularise = bool(self.global_prototypes.abs().sum() > 0) and lam > 0
         self.model.train()
         loss_value, proto_value = float("nan"), 0.0
@@ -154,14 +175,14 @@ class FedProtoTrainer(SupervisedTrainer):
             logits = self.model.convs[-1](dropped, self.message_graph())
             loss = F.cross_entropy(logits[data.train_mask], data.y[data.train_mask])
             if regularise:
-                proto = self.prototype_loss(z if official else dropped)
+                proto = self.prototype_loss(dropped if self.z_after_dropout else z)
                 loss = loss + lam * proto
                 proto_value = float(proto.detach())
             loss.backward()
             self.optimizer.step()
             loss_value = float(loss.detach())
         with torch.no_grad():
-            if not official or z is None:  # OpenFGL: eval-mode z after training
+            if self.prototypes_after_training or z is None:
                 self.model.eval()
                 z, _ = self.hidden(training=False)
             mask = data.train_mask

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ..nn.gcn import GCN
 from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
 from .options import Options, option
@@ -69,6 +70,7 @@ class MOONTrainer(GCNTrainer):
 
     options_class = MOONOptions
     options: MOONOptions
+    model: GCN
 
     def __init__(self, data: Any, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
@@ -107,8 +109,9 @@ class MOONTrainer(GCNTrainer):
         """Full-batch Adam on CE + μ · ℓ_con (ℓ_con = 0 without a previous model)."""
         data = self.data
         opts = self.options
-        contrast = self.previous_state is not None and self.global_state is not None and opts.mu > 0
-        if contrast:
+        contrast = False
+        if self.previous_state is not None and self.global_state is not None and opts.mu > 0:
+            contrast = True
             nodes = data.train_mask if opts.nodes == "train" else slice(None)
             z_global = self.frozen_representation(self.global_state)[nodes]
             z_previous = self.frozen_representation(self.previous_state)[nodes]
