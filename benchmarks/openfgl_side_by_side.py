@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedgraph_flwr.algorithms import get_algorithm
 from fedgraph_flwr.engine.protocols import best_val_index
 
 #: OpenFGL 1.1.0's AdaFGL config ``num_rounds_vanilla``: its step 1 (FedAvg of the extractor)
@@ -49,7 +50,7 @@ OPENFGL_ADAFGL_STEP1 = 50
 
 #: OpenFGL's algorithm name -> this project's.
 ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar",
-              "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto"}
+              "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto", "fedtgp": "fedtgp"}
 
 
 def run_openfgl(argv: list[str]) -> int:
@@ -210,6 +211,10 @@ def compare(argv: list[str]) -> int:
         library = "fedgraph-flwr"
         if config["algorithm"] == "adafgl" and config.get("adafgl-schedule") == "epoch-per-round":
             library += ", OpenFGL's switches"  # the grid's second AdaFGL configuration
+        elif config["algorithm"] != "adafgl":  # a switch off its default names the row
+            defaults = get_algorithm(config["algorithm"]).config_defaults
+            library += "".join(f", {k}={config[k]}" for k in sorted(defaults)
+                               if k in config and config[k] != defaults[k])
         rows.setdefault((config["algorithm"], int(config["num-clients"]), library), []).append(row)
 
     def cell(values: list[float]) -> str:
