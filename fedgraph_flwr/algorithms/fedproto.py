@@ -92,7 +92,8 @@ class FedProtoTrainer(SupervisedTrainer):
     options: FedProtoOptions
     model: GCN
 
-    # The flavour's three client choices (module docstring); FedTGP's client reuses them.
+    # The flavour's three client choices (module docstring); FedTGP's client reuses them
+    # (its options carry the same ``flavour`` and ``weight``).
     @property
     def z_after_dropout(self) -> bool:
         """Whether z is read after dropout (OpenFGL) or before (the official code)."""
@@ -107,11 +108,6 @@ class FedProtoTrainer(SupervisedTrainer):
     def class_sum_loss(self) -> bool:
         """Whether the regulariser sums per-class MSEs (OpenFGL) or averages over nodes."""
         return self.options.flavour == "openfgl"
-
-    @property
-    def regulariser_weight(self) -> float:
-        """λ."""
-        return self.options.weight
 
     def __init__(self, data: Any, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
@@ -164,7 +160,7 @@ class FedProtoTrainer(SupervisedTrainer):
     def train(self, epochs: int) -> dict[str, float]:
         """Full-batch Adam on CE + λ·prototype loss; then this round's local prototypes."""
         data = self.data
-        lam = self.regulariser_weight
+        lam = self.options.weight
         regularise = bool(self.global_prototypes.abs().sum() > 0) and lam > 0
         self.model.train()
         loss_value, proto_value = float("nan"), 0.0

@@ -111,25 +111,12 @@ class FedTGPTrainer(FedProtoTrainer):
     options_class = FedTGPOptions
     options: FedTGPOptions  # type: ignore[assignment]
 
-    @property
-    def z_after_dropout(self) -> bool:
-        """OpenFGL reads z after dropout; the official client before."""
-        return self.options.flavour == "openfgl"
-
+    # z's place and the regulariser follow the flavour as in FedProto (same option names);
+    # only the prototypes' timing differs from official FedProto.
     @property
     def prototypes_after_training(self) -> bool:
         """Both codes take the prototypes in an eval-mode pass after training."""
         return True
-
-    @property
-    def class_sum_loss(self) -> bool:
-        """OpenFGL sums per-class MSEs; the official client averages over nodes."""
-        return self.options.flavour == "openfgl"
-
-    @property
-    def regulariser_weight(self) -> float:
-        """λ (``fedtgp-weight``)."""
-        return self.options.weight
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
