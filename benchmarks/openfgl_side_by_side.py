@@ -50,7 +50,8 @@ OPENFGL_ADAFGL_STEP1 = 50
 
 #: OpenFGL's algorithm name -> this project's.
 ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar",
-              "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto", "fedtgp": "fedtgp"}
+              "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto", "fedtgp": "fedtgp",
+              "feddc": "feddc"}
 
 
 def run_openfgl(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ from . import (
     apfl,
     fedaux,
     fedavg,
+    feddc,
     fedgnn,
     fedgta,
     fediih,
@@ -48,5 +49,6 @@ register("scaffold", scaffold.ScaffoldTrainer, scaffold.ScaffoldAggregator, scaf
 register("moon", moon.MOONTrainer, moon.MOONAggregator, moon.MOONOptions)
 register("fedproto", fedproto.FedProtoTrainer, fedproto.FedProtoAggregator, fedproto.FedProtoOptions)
 register("fedtgp", fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, fedtgp.FedTGPOptions)
+register("feddc", feddc.FedDCTrainer, feddc.FedDCAggregator, feddc.FedDCOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]
