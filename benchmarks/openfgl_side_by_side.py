@@ -51,7 +51,7 @@ OPENFGL_ADAFGL_STEP1 = 50
 #: OpenFGL's algorithm name -> this project's.
 ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar",
               "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto", "fedtgp": "fedtgp",
-              "feddc": "feddc"}
+              "feddc": "feddc", "fedtad": "fedtad"}
 
 
 def run_openfgl(argv: list[str]) -> int:

@@ -155,7 +155,7 @@ def test_two_rounds_through_flwr_run(deployment):
     assert "Starting Flower SuperLink" in (dep.logs / "superlink-flower.log").read_text()
 
 
-#: The later baselines, 3 rounds each through the same deployment, with their stages
+#: The later baselines and OpenFGL's methods, 3 rounds each through the same deployment, with their stages
 #: shortened so that all of them happen within 3 rounds. FedGNN's expansion needs global
 #: node ids, which the reference client files do not carry: here it runs with the
 #: expansion off (its Flower path with the expansion on: tests/test_fedgnn.py's simulation).
@@ -169,6 +169,13 @@ LATER_BASELINES = {
     "fedgnn": {"fedgnn-expand": False},
     "fedsage": {"fedsage-gen-rounds": 1, "fedsage-pretrain-epochs": 2, "client-state": "file"},
     "adafgl": {"adafgl-rounds-step1": 1, "adafgl-epochs": 5},
+    # The methods OpenFGL offers that the seeds lack (issue #57), with their defaults.
+    "scaffold": {},
+    "moon": {},
+    "fedproto": {},
+    "fedtgp": {},
+    "feddc": {},
+    "fedtad": {},
 }
 
 

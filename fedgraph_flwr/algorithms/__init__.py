@@ -18,6 +18,7 @@ from . import (
     fedsage,
     fedspray,
     fedstar,
+    fedtad,
     fedtgp,
     gcfl,
     local,
@@ -50,5 +51,6 @@ register("moon", moon.MOONTrainer, moon.MOONAggregator, moon.MOONOptions)
 register("fedproto", fedproto.FedProtoTrainer, fedproto.FedProtoAggregator, fedproto.FedProtoOptions)
 register("fedtgp", fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, fedtgp.FedTGPOptions)
 register("feddc", feddc.FedDCTrainer, feddc.FedDCAggregator, feddc.FedDCOptions)
+register("fedtad", fedtad.FedTADTrainer, fedtad.FedTADAggregator, fedtad.FedTADOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]
