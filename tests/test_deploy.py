@@ -155,34 +155,31 @@ def test_two_rounds_through_flwr_run(deployment):
     assert "Starting Flower SuperLink" in (dep.logs / "superlink-flower.log").read_text()
 
 
-#: The later baselines and OpenFGL's methods, 3 rounds each through the same deployment, with their stages
+#: Every registered method, 3 rounds each through the same deployment (the main test above
+#: runs :func:`algorithm_under_test` for longer). Where a method has stages, they are
 #: shortened so that all of them happen within 3 rounds. FedGNN's expansion needs global
 #: node ids, which the reference client files do not carry: here it runs with the
 #: expansion off (its Flower path with the expansion on: tests/test_fedgnn.py's simulation).
 #: FedSage+'s state (its generator and two Adam optimizers, 177 MiB per client) stays on the
 #: owner's machine (client-state="file", as deploy/README advises for large states): under
 #: client-state="context" it would travel between SuperNode and ClientApp with every message.
-LATER_BASELINES = {
-    "fedgta": {},
-    "fedstar": {},
-    "fedlit": {},
+STAGES_WITHIN_THREE_ROUNDS = {
     "fedgnn": {"fedgnn-expand": False},
     "fedsage": {"fedsage-gen-rounds": 1, "fedsage-pretrain-epochs": 2, "client-state": "file"},
     "adafgl": {"adafgl-rounds-step1": 1, "adafgl-epochs": 5},
-    # The methods OpenFGL offers that the seeds lack (issue #57), with their defaults.
-    "scaffold": {},
-    "moon": {},
-    "fedproto": {},
-    "fedtgp": {},
-    "feddc": {},
-    "fedtad": {},
 }
 
 
-@pytest.mark.parametrize("algorithm", sorted(LATER_BASELINES))
-def test_later_baselines_three_rounds_each(deployment, algorithm):
+def methods_for_three_rounds() -> list[str]:
+    from fedgraph_flwr.algorithms import ALGORITHMS
+
+    return sorted(set(ALGORITHMS) - {algorithm_under_test()})
+
+
+@pytest.mark.parametrize("algorithm", methods_for_three_rounds())
+def test_every_method_three_rounds(deployment, algorithm):
     dep = deployment
-    extra = dict(LATER_BASELINES[algorithm])
+    extra = dict(STAGES_WITHIN_THREE_ROUNDS.get(algorithm, {}))
     if extra.get("client-state") == "file":
         extra["client-state-dir"] = str(dep.tmp / "client-state" / algorithm)
     out, results = flwr_run(dep, f"deploy-{algorithm}",
