@@ -93,7 +93,11 @@ GEN_FLWR_HOME_COMPOSE = f"{GENERATED}/flwr-home-compose"  # the register service
 # compute.
 # The ServerApp executor gets the same (README step 3 and the compose file): it launches
 # one ServerApp per run, so a new run starts within 0.1 s instead of up to 1 s.
-EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+# Both executors also switch off Flower's telemetry: every ClientApp process posts a usage
+# event to telemetry.flower.ai (platform, CPU count, an install id), which a privacy
+# officer did not sign off on, and building its TLS context was a fifth of a forked
+# ClientApp's CPU (docs/performance.md, "Where a deployed round's time goes").
+EXECUTOR_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1", "FLWR_TELEMETRY_ENABLED": "0"}
 # The ServerApp executor's also opts its ServerApps in to the speed-ups that patch Flower
 # (fedgraph_flwr.engine.accelerate.OPT_IN_ENV: a reply's objects retried after 20 ms, given
 # up at the round's deadline); stock flower-superexec without it runs Flower untouched.

@@ -12,6 +12,7 @@ import pytest
 from fedgraph_flwr.algorithms import ALGORITHMS
 from fedgraph_flwr.config import ClientSettings
 from fedgraph_flwr.engine.loop import run_federation
+from fedgraph_flwr.engine.records import content_scalars
 
 from helpers import round_metrics, simulate
 
@@ -29,7 +30,8 @@ def _config_keys_recorder(folder: Path):
     def mod(message, context, call_next):
         if "config" in message.content:
             name = message.metadata.message_type.replace(".", "_")
-            (folder / f"{name}.json").write_text(json.dumps(sorted(message.content["config"])))
+            config = content_scalars(message.content, "config")
+            (folder / f"{name}.json").write_text(json.dumps(sorted(config)))
         return call_next(message, context)
 
     return mod

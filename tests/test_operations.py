@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import ConfigRecord
 
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.client_app import ERROR_MEMORY, ERROR_TRAIN, make_client_app
-from fedgraph_flwr.engine.records import SIG, from_array_record, to_array_record
+from fedgraph_flwr.engine.records import INLINE, SIG, content_arrays, request_content
 from fedgraph_flwr.engine.server_app import make_server_app
 from fedgraph_flwr.summary import format_summary
 
@@ -43,28 +44,37 @@ def measure_mod(folder: str):
     def measure(msg, ctx, call_next):
         entry = {}
         if msg.metadata.message_type == "train":
-            arrays = msg.content["arrays"]
             entry = {
                 "round": int(msg.content["config"]["server-round"]),
                 "client": int(ctx.node_config["partition-id"]),
-                "in_array_bytes": int(sum(a.nbytes for a in from_array_record(arrays).values())),
-                "in_arrays": len(arrays),
-                "in_record_bytes": int(sum(len(a.data) for a in arrays.values())),
+                "in_array_bytes": int(sum(a.nbytes for a in content_arrays(msg.content).values())),
+                **_layout("in", msg.content),
             }
         reply = call_next(msg, ctx)
         if entry:
             if reply.has_error():
                 entry["error_code"] = int(reply.error.code)
             else:
-                out = reply.content["arrays"]
-                entry["out_array_bytes"] = int(sum(a.nbytes for a in from_array_record(out).values()))
-                entry["out_arrays"] = len(out)
+                out = content_arrays(reply.content)
+                entry["out_array_bytes"] = int(sum(a.nbytes for a in out.values()))
+                entry.update(_layout("out", reply.content))
                 entry["out_signature_floats"] = int(sum(
                     len(v) for k, v in reply.content["metrics"].items() if k.startswith(SIG)))
             Path(folder, f"{uuid.uuid4().hex}.json").write_text(json.dumps(entry))
         return reply
 
     return measure
+
+
+def _layout(side: str, content) -> dict:
+    """How a message's content is laid out: its records, its Flower Arrays, and the size
+    of the packed bytes that carry its arrays."""
+    records = list(content.values())
+    inline = [r[INLINE] for r in content.config_records.values() if INLINE in r]
+    return {f"{side}_records": len(records),
+            f"{side}_arrays": sum(len(r) for r in content.array_records.values()),
+            f"{side}_record_bytes": len(inline[0]) if inline else int(sum(
+                len(a.data) for r in content.array_records.values() for a in r.values()))}
 
 
 def wrong_shape_mod(client: int, server_round: int):
@@ -74,10 +84,11 @@ def wrong_shape_mod(client: int, server_round: int):
         if (msg.metadata.message_type == "train"
                 and int(ctx.node_config["partition-id"]) == client
                 and int(msg.content["config"]["server-round"]) == server_round):
-            arrays = from_array_record(msg.content["arrays"])
+            arrays = content_arrays(msg.content)
             first = next(iter(arrays))
             arrays[first] = np.zeros((2, 2), dtype=np.float32)
-            msg.content["arrays"] = to_array_record(arrays)
+            config = {k: v for k, v in msg.content["config"].items() if k != INLINE}
+            msg.content = request_content(arrays, ConfigRecord(config))
         return call_next(msg, ctx)
 
     return corrupt
@@ -221,8 +232,10 @@ def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(fail
             m = by_key[(r["round"], cid)]
             sent = r["bytes_sent"][str(cid)]
             assert sent == m["in_array_bytes"] > 0
-            # one packed Array per message, a little larger than the parameters it holds
-            assert m["in_arrays"] == 1 and sent < m["in_record_bytes"] < sent + 4096
+            # one record, the arrays packed inline in it (no Flower Array, so no Array or
+            # chunk objects on a SuperLink), a little larger than the parameters it holds
+            assert (m["in_records"], m["in_arrays"]) == (1, 0)
+            assert sent < m["in_record_bytes"] < sent + 4096
             if "error_code" in m:
                 assert (r["round"], cid) == (FAIL_ROUND, FAIL_CLIENT)
                 assert m["error_code"] == ERROR_TRAIN
@@ -230,7 +243,8 @@ def test_bytes_on_record_are_the_sizes_of_the_arrays_in_the_flower_messages(fail
                 assert csv_bytes[(r["round"], cid)] == (sent, 0)
                 continue
             received = r["bytes_received"][str(cid)]
-            assert m["out_arrays"] == 1
+            assert (m["out_records"], m["out_arrays"]) == (1, 0)
+            assert m["out_array_bytes"] < m["out_record_bytes"] < m["out_array_bytes"] + 4096
             assert received == m["out_array_bytes"] + 4 * m["out_signature_floats"]
             signature_seen |= m["out_signature_floats"] > 0
             assert csv_bytes[(r["round"], cid)] == (sent, received)

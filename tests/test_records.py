@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
+from fedgraph_flwr.engine import records
 from fedgraph_flwr.engine.records import (
+    INLINE,
     PACKED,
     array_to_bytes,
     bytes_to_array,
+    content_arrays,
+    content_scalars,
     from_array_record,
+    from_metric_record,
     pack_arrays,
+    reply_content,
+    request_content,
     to_array_record,
     unpack_arrays,
 )
@@ -67,3 +74,42 @@ def test_bytes_to_array_is_numpys_own_npy_layout():
     numpys = Array(np.frombuffer(blob, dtype=np.uint8))
     assert ours.data == numpys.data
     assert bytes(array_to_bytes(ours)) == blob
+
+
+def _same(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(
+        a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_model_travels_inline_in_the_one_record_of_its_message():
+    """Up to INLINE_MAX_BYTES the packed arrays are a bytes entry of the message's only
+    record: a deployed SuperLink then stores 3 objects per message, not 6."""
+    arrays = _arrays()
+    content = request_content(arrays, ConfigRecord({"server-round": 3, "lr": 0.01}))
+    assert list(content) == ["config"] and not content.array_records
+    assert isinstance(content["config"][INLINE], bytes)
+    assert content_scalars(content, "config") == {"server-round": 3, "lr": 0.01}
+    assert _same(content_arrays(content), arrays)
+
+    signature = {"apv": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    reply = reply_content(arrays, {"train-loss": 0.5, "num-train": 12.0}, signature)
+    assert list(reply) == ["metrics"] and not reply.array_records
+    metrics, sig = from_metric_record(content_scalars(reply, "metrics"))
+    assert metrics == {"train-loss": 0.5, "num-train": 12.0}
+    assert _same(sig, signature) and _same(content_arrays(reply), arrays)
+
+
+def test_a_model_over_the_inline_limit_travels_as_one_chunked_array(monkeypatch):
+    """Above the limit the packed arrays become one Flower Array beside the scalars,
+    which Flower cuts into 5 MB chunks: no request grows with the model."""
+    arrays = _arrays()
+    monkeypatch.setattr(records, "INLINE_MAX_BYTES", len(pack_arrays(arrays)) - 1)
+    content = request_content(arrays, ConfigRecord({"server-round": 3}))
+    assert sorted(content) == ["arrays", "config"] and INLINE not in content["config"]
+    assert list(content["arrays"]) == [PACKED]
+    assert content_scalars(content, "config") == {"server-round": 3}
+    assert _same(content_arrays(content), arrays)
+    reply = reply_content(arrays, {"num-train": 1.0}, {})
+    assert sorted(reply) == ["arrays", "metrics"]
+    assert from_metric_record(content_scalars(reply, "metrics")) == ({"num-train": 1.0}, {})
+    assert _same(content_arrays(reply), arrays)

@@ -29,7 +29,7 @@ from ..algorithms.base import TRAIN, Phase
 from ..config import ClientConfig, ConfigError
 from . import client_runtime as rt
 from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN
-from .records import array_to_bytes, bytes_to_array, from_array_record, to_array_record, to_metric_record
+from .records import array_to_bytes, bytes_to_array, content_arrays, content_scalars, reply_content
 
 STATE_KEY = "fedgraph-state"
 
@@ -51,7 +51,7 @@ def _data_error_reply(message: Message, exc: BaseException) -> Message:
 
 
 def _config(message: Message) -> ClientConfig:
-    return ClientConfig.from_config(dict(message.content["config"]))
+    return ClientConfig.from_config(content_scalars(message.content, "config"))
 
 
 def _identity_and_data(message: Message, context: Context
@@ -130,7 +130,7 @@ def train(message: Message, context: Context) -> Message:
         return _data_error_reply(message, exc)
     try:
         phase = _phase_of(message, config)
-        arrays = from_array_record(cast(ArrayRecord, message.content["arrays"]))
+        arrays = content_arrays(message.content)
         out, metrics = rt.handle_phase(config, phase, arrays, data, config.num_classes_global,
                                        identity.partition_id, state_store(config, context),
                                        rt.pick_device())
@@ -140,9 +140,7 @@ def train(message: Message, context: Context) -> Message:
         traceback.print_exc()
         return _error_reply(message, ERROR_TRAIN, exc)
     metrics["time-client"] = time.perf_counter() - t0
-    content = RecordDict({"arrays": to_array_record(out.upload),
-                          "metrics": to_metric_record(metrics, out.signature)})
-    return Message(content, reply_to=message)
+    return Message(reply_content(out.upload, metrics, out.signature), reply_to=message)
 
 
 def make_client_app(mods: list | None = None) -> ClientApp:

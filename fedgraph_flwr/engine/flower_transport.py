@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, cast
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms.base import Phase
@@ -24,10 +24,11 @@ from .contract import ERROR_DATA_ROOT, missing_dataset
 from .driver import RunAborted
 from .recorder import nbytes
 from .records import (
-    from_array_record,
+    content_arrays,
+    content_scalars,
     from_metric_record,
+    request_content,
     signature_floats,
-    to_array_record,
     to_config_record,
 )
 from .transport import ClientReply, ClientRequest, Exchange, Transport
@@ -291,8 +292,7 @@ class FlowerTransport(Transport):
 
         server_round = next(iter(requests.values())).config.server_round if requests else 0
         group = f"{server_round}" + ("" if phase.name == "train" else f".{phase.name}")
-        messages = [Message(RecordDict({"arrays": to_array_record(request.arrays),
-                                        "config": record_of(request)}),
+        messages = [Message(request_content(request.arrays, record_of(request)),
                             self.node_of[cid], phase.message_type, group_id=group)
                     for cid, request in requests.items()]
         replies, _ = self.push_and_pull(messages, timeout)
@@ -309,8 +309,8 @@ class FlowerTransport(Transport):
                 else:
                     out.failures[cid] = reason
                 continue
-            metrics, signature = from_metric_record(cast(MetricRecord, reply.content["metrics"]))
-            upload = from_array_record(cast(ArrayRecord, reply.content["arrays"]))
+            metrics, signature = from_metric_record(content_scalars(reply.content, "metrics"))
+            upload = content_arrays(reply.content)
             reported = int(metrics.get("partition-id", -1))
             if cid is None or reported != cid:
                 self.log(f"round {server_round}: reply from node {node} claims client "

@@ -1,24 +1,33 @@
 """Conversions between plain arrays/dicts and Flower records.
 
-Record layout of a train message (server -> client)::
-
-    RecordDict({"arrays": ArrayRecord({"packed": <all payload arrays in one Array>}),
-                "config": ConfigRecord(run config + server-round + handshake facts)})
-
-and of its reply (client -> server)::
-
-    RecordDict({"arrays": ArrayRecord({"packed": <all uploaded arrays in one Array>}),
-                "metrics": MetricRecord(train/val/test metrics, timings, num-train,
-                                        partition-id, and the signature as
-                                        "sig.<name>" (flat floats) + "sigshape.<name>")})
-
-Why one packed Array: a deployed SuperLink stores, and SuperNodes push and pull, every
-Array (and every 5 MB chunk of one) as its own object, one authenticated request and
-database transaction each. A FedAux model is 7 arrays; packed, a message carries 1.
-The packed Array is a 1-D uint8 ``.npy`` array holding, in :mod:`.framing`'s layout,
+A message's arrays travel packed: one byte string in :mod:`.framing`'s layout,
 ``PACK_MAGIC``, a JSON list of ``[name, dtype, shape, offset]`` as header, and the
-arrays' bytes (no pickle: it comes from the network). :func:`from_array_record` also reads a
-record of one Array per name.
+arrays' bytes (no pickle: it comes from the network). Where it goes depends on its size.
+
+Up to :data:`INLINE_MAX_BYTES` (every model of the papers' settings), inline, as one
+``bytes`` entry of the message's only record::
+
+    train message (server -> client):  RecordDict({"config": ConfigRecord(run config
+        + server-round + handshake facts + {INLINE: <packed arrays>})})
+    reply (client -> server):          RecordDict({"metrics": ConfigRecord(train/val/test
+        metrics, timings, num-train, partition-id, the signature as "sig.<name>" (flat
+        floats) + "sigshape.<name>", and {INLINE: <packed arrays>})})
+
+Larger, as one uint8 ``Array`` of an ArrayRecord beside the scalars (Flower cuts an
+Array into 5 MB chunks, so no single request grows with the model)::
+
+    RecordDict({"arrays": ArrayRecord({"packed": <packed arrays>}),
+                "config": ConfigRecord(...)})       # train message
+    RecordDict({"arrays": ArrayRecord({"packed": <packed arrays>}),
+                "metrics": MetricRecord(...)})      # reply
+
+Why: a deployed SuperLink stores, and SuperNodes push and pull, every record, Array and
+chunk as its own object, one authenticated request and SQLite transaction each, and
+that per-request cost, not the bytes, is most of a deployed round (docs/performance.md,
+"Where a deployed round's time goes"). A FedAux model as 7 Arrays is 18 objects per
+message; packed into one Array, 6 (message, record dict, array record, array, chunk,
+scalars); inline, 3. :func:`content_arrays` reads every layout, including a record of
+one Array per name.
 """
 
 from __future__ import annotations
@@ -26,10 +35,11 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from ..algorithms.base import Arrays
 from . import framing
@@ -38,6 +48,11 @@ SIG, SIGSHAPE = "sig.", "sigshape."
 
 
 PACKED = "packed"
+#: The ``bytes`` entry that carries the packed arrays inline in a message's record.
+INLINE = "packed-arrays"
+#: Largest packed payload sent inline: below Flower's 5 MB array chunk, so an inline
+#: record is never a larger request than Flower's own chunking sends.
+INLINE_MAX_BYTES = 4 * 2**20
 PACK_MAGIC = b"FGARRS1\0"
 #: The serialization type Flower gives an Array made from a numpy array.
 NUMPY_STYPE = Array(np.zeros(0, np.uint8)).stype
@@ -120,8 +135,8 @@ def to_metric_record(metrics: dict[str, float], signature: Arrays) -> MetricReco
     return MetricRecord(out)
 
 
-def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
-    """Metrics and signature arrays from a reply's MetricRecord (inverse of to_metric_record)."""
+def from_metric_record(record: Mapping[str, Any]) -> tuple[dict[str, float], Arrays]:
+    """Metrics and signature arrays from a reply's metrics (inverse of to_metric_record)."""
     metrics: dict[str, float] = {}
     signature: Arrays = {}
     for key, value in record.items():
@@ -133,6 +148,38 @@ def from_metric_record(record: MetricRecord) -> tuple[dict[str, float], Arrays]:
         elif not key.startswith(SIGSHAPE):
             metrics[key] = float(cast(float, value))  # and metrics as scalars
     return metrics, signature
+
+
+def request_content(arrays: Arrays, config: ConfigRecord) -> RecordDict:
+    """A train message's content: ``config`` and the packed ``arrays`` (module docstring)."""
+    packed = pack_arrays(arrays)
+    if len(packed) <= INLINE_MAX_BYTES:
+        return RecordDict({"config": ConfigRecord({**config, INLINE: packed})})
+    return RecordDict({"arrays": ArrayRecord({PACKED: bytes_to_array(packed)}), "config": config})
+
+
+def reply_content(arrays: Arrays, metrics: dict[str, float], signature: Arrays) -> RecordDict:
+    """A reply's content: metrics, signature and the packed ``arrays`` (module docstring)."""
+    packed = pack_arrays(arrays)
+    record = to_metric_record(metrics, signature)
+    if len(packed) <= INLINE_MAX_BYTES:
+        return RecordDict({"metrics": ConfigRecord({**record, INLINE: packed})})
+    return RecordDict({"arrays": ArrayRecord({PACKED: bytes_to_array(packed)}), "metrics": record})
+
+
+def content_arrays(content: RecordDict) -> Arrays:
+    """The arrays of a message's content, in whichever layout it came."""
+    if "arrays" in content:
+        return from_array_record(cast(ArrayRecord, content["arrays"]))
+    for record in content.config_records.values():
+        if INLINE in record:
+            return unpack_arrays(cast(bytes, record[INLINE]))
+    return {}
+
+
+def content_scalars(content: RecordDict, key: str) -> dict[str, Any]:
+    """Record ``key`` of a message's content (its config or metrics), without the arrays."""
+    return {k: v for k, v in content[key].items() if k != INLINE}
 
 
 def signature_floats(signature: Arrays) -> int:
