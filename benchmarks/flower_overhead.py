@@ -59,14 +59,14 @@ def main() -> None:
     t_flower = time.perf_counter() - t0
     flower = json.loads((out / "flower" / "results.json").read_text())
     a, b = per_round(inproc), per_round(flower)
-    name = f"{resolved['algorithm']} on {resolved['dataset']}-{resolved['num-clients']}"
+    name = f"{resolved.algorithm} on {resolved.dataset}-{resolved.num_clients}"
     print(f"{name}, {args.rounds} rounds (median of rounds 2..)")
     print(f"{'engine':<12} {'s/round':>8} {'total s':>8}")
     print(f"{'in-process':<12} {a:>8.3f} {t_inproc:>8.1f}")
     print(f"{'flower sim':<12} {b:>8.3f} {t_flower:>8.1f}")
     print(f"flower / in-process = {b / a:.2f}x")
-    print(json.dumps({"benchmark": "flower_overhead", "algorithm": resolved["algorithm"],
-                      "dataset": resolved["dataset"], "clients": resolved["num-clients"],
+    print(json.dumps({"benchmark": "flower_overhead", "algorithm": resolved.algorithm,
+                      "dataset": resolved.dataset, "clients": resolved.num_clients,
                       "rounds": args.rounds,
                       "inprocess_s_per_round": a, "flower_s_per_round": b, "ratio": b / a}))
 
