@@ -339,6 +339,8 @@ def test_compose_runs_what_the_readme_runs(services):
     from fedgraph_flwr.engine.accelerate import OPT_IN_ENV
 
     assert L.SERVERAPP_ENV[OPT_IN_ENV] == "1"
+    # Every ClientApp and ServerApp process would otherwise post Flower's usage event.
+    assert L.EXECUTOR_ENV["FLWR_TELEMETRY_ENABLED"] == L.SERVERAPP_ENV["FLWR_TELEMETRY_ENABLED"] == "0"
     for i in range(N):
         for suffix in ("", "-gpu"):
             env = services[L.clientapp_executor_name(i) + suffix]["environment"]
