@@ -106,7 +106,12 @@ SERVERAPP_ENV = {**EXECUTOR_ENV, "FEDGRAPH_FLOWER_SPEEDUPS": "1"}
 # SuperNode's container restarts, the executor is left in the dead namespace. It exits
 # after this many seconds without its SuperNode (fedgraph_flwr/engine/accelerate/
 # superexec.py) and the restart policy starts it again in the new one.
-CONTAINER_EXECUTOR_ENV = {"FEDGRAPH_EXIT_IF_SUPERNODE_GONE_S": "10"}
+# The demo's owners share one host: each ClientApp gets its share of the cores
+# (deploy/.env's FEDGRAPH_CLIENTAPP_THREADS, written by prepare.py), not all of them, so
+# that three torch processes do not each spin two threads on two cores.
+CONTAINER_EXECUTOR_ENV = {"FEDGRAPH_EXIT_IF_SUPERNODE_GONE_S": "10",
+                          "OMP_NUM_THREADS": "${FEDGRAPH_CLIENTAPP_THREADS:-1}",
+                          "MKL_NUM_THREADS": "${FEDGRAPH_CLIENTAPP_THREADS:-1}"}
 
 
 def supernode_name(i: int) -> str:

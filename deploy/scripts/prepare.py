@@ -110,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     # COMPOSE_PROJECT_NAME instead of the file's top-level `name:` (docker-compose 1.29
     # rejects that); FEDGRAPH_PUBLISH: the address port 8000 is published on.
     # Values already in .env (say FEDGRAPH_PUBLISH=0.0.0.0) are kept.
+    # FEDGRAPH_CLIENTAPP_THREADS: the owners' ClientApps share this host's cores (the
+    # loopback deployment splits them the same way); on its own machine an owner uses all.
     env = {"COMPOSE_PROJECT_NAME": "fedgraph-flwr", "COMPOSE_PROFILES": "cpu",
-           "FEDGRAPH_PUBLISH": "127.0.0.1"}
+           "FEDGRAPH_PUBLISH": "127.0.0.1",
+           "FEDGRAPH_CLIENTAPP_THREADS": str(max(1, (os.cpu_count() or 1) // args.clients))}
     if env_file.is_file():
         env.update(line.split("=", 1) for line in env_file.read_text().splitlines()
                    if "=" in line and not line.lstrip().startswith("#"))
