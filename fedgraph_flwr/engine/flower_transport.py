@@ -1,8 +1,9 @@
 """The round driver's transport over Flower's ``Grid`` (simulation and deployment).
 
-Each client gets its own message per phase: ``arrays`` (an ArrayRecord) and
-``config`` (a ConfigRecord of the keys it needs); its reply carries ``arrays`` and
-``metrics`` (a MetricRecord with the signature). Server-side state is keyed by the
+Each client gets its own message per phase: its arrays and ``config`` (the keys it
+needs); its reply carries its arrays and ``metrics`` (with the signature), laid out by
+:mod:`.records` (arrays packed inline in the one record, or beside it when large).
+Server-side state is keyed by the
 client's logical id (its partition id, learnt in the handshake), not by the
 transient node id, so a SuperNode that reconnects gets its own model back.
 Only Flower's public API is used here (``flwr.app``, ``flwr.serverapp``).

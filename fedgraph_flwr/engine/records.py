@@ -90,7 +90,11 @@ def unpack_arrays(blob: bytes | memoryview) -> Arrays:
 
 def to_array_record(arrays: Arrays) -> ArrayRecord:
     """``arrays`` as a record of one packed Array."""
-    return ArrayRecord({PACKED: bytes_to_array(pack_arrays(arrays))})
+    return _packed_record(pack_arrays(arrays))
+
+
+def _packed_record(packed: bytes) -> ArrayRecord:
+    return ArrayRecord({PACKED: bytes_to_array(packed)})
 
 
 def from_array_record(record: ArrayRecord) -> Arrays:
@@ -155,7 +159,7 @@ def request_content(arrays: Arrays, config: ConfigRecord) -> RecordDict:
     packed = pack_arrays(arrays)
     if len(packed) <= INLINE_MAX_BYTES:
         return RecordDict({"config": ConfigRecord({**config, INLINE: packed})})
-    return RecordDict({"arrays": ArrayRecord({PACKED: bytes_to_array(packed)}), "config": config})
+    return RecordDict({"arrays": _packed_record(packed), "config": config})
 
 
 def reply_content(arrays: Arrays, metrics: dict[str, float], signature: Arrays) -> RecordDict:
@@ -164,7 +168,7 @@ def reply_content(arrays: Arrays, metrics: dict[str, float], signature: Arrays) 
     record = to_metric_record(metrics, signature)
     if len(packed) <= INLINE_MAX_BYTES:
         return RecordDict({"metrics": ConfigRecord({**record, INLINE: packed})})
-    return RecordDict({"arrays": ArrayRecord({PACKED: bytes_to_array(packed)}), "metrics": record})
+    return RecordDict({"arrays": _packed_record(packed), "metrics": record})
 
 
 def content_arrays(content: RecordDict) -> Arrays:
