@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedgraph_flwr.engine import records
 from fedgraph_flwr.engine.records import (
@@ -17,9 +17,9 @@ from fedgraph_flwr.engine.records import (
     from_array_record,
     from_metric_record,
     pack_arrays,
+    packed_array_record,
     reply_content,
     request_content,
-    to_array_record,
     unpack_arrays,
 )
 
@@ -39,7 +39,7 @@ def _arrays() -> dict[str, np.ndarray]:
 
 def test_one_packed_array_round_trips_every_dtype_and_shape():
     arrays = _arrays()
-    record = to_array_record(arrays)
+    record = packed_array_record(pack_arrays(arrays))
     assert list(record.keys()) == [PACKED]
     packed = record[PACKED].numpy()  # a valid .npy, as Flower's own Array(ndarray) makes
     assert packed.dtype == np.uint8 and packed.ndim == 1
@@ -113,3 +113,9 @@ def test_a_model_over_the_inline_limit_travels_as_one_chunked_array(monkeypatch)
     assert sorted(reply) == ["arrays", "metrics"]
     assert from_metric_record(content_scalars(reply, "metrics")) == ({"num-train": 1.0}, {})
     assert _same(content_arrays(reply), arrays)
+
+
+def test_a_message_without_arrays_is_refused_in_one_line():
+    content = RecordDict({"config": ConfigRecord({"server-round": 1})})
+    with pytest.raises(ValueError, match="carries no arrays"):
+        content_arrays(content)

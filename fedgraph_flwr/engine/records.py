@@ -88,12 +88,8 @@ def unpack_arrays(blob: bytes | memoryview) -> Arrays:
     return out
 
 
-def to_array_record(arrays: Arrays) -> ArrayRecord:
-    """``arrays`` as a record of one packed Array."""
-    return _packed_record(pack_arrays(arrays))
-
-
-def _packed_record(packed: bytes) -> ArrayRecord:
+def packed_array_record(packed: bytes) -> ArrayRecord:
+    """Packed arrays (:func:`pack_arrays`) as a record of one Array: the large layout."""
     return ArrayRecord({PACKED: bytes_to_array(packed)})
 
 
@@ -156,19 +152,21 @@ def from_metric_record(record: Mapping[str, Any]) -> tuple[dict[str, float], Arr
 
 def request_content(arrays: Arrays, config: ConfigRecord) -> RecordDict:
     """A train message's content: ``config`` and the packed ``arrays`` (module docstring)."""
-    packed = pack_arrays(arrays)
-    if len(packed) <= INLINE_MAX_BYTES:
-        return RecordDict({"config": ConfigRecord({**config, INLINE: packed})})
-    return RecordDict({"arrays": _packed_record(packed), "config": config})
+    return _with_arrays(arrays, "config", config)
 
 
 def reply_content(arrays: Arrays, metrics: dict[str, float], signature: Arrays) -> RecordDict:
     """A reply's content: metrics, signature and the packed ``arrays`` (module docstring)."""
+    return _with_arrays(arrays, "metrics", to_metric_record(metrics, signature))
+
+
+def _with_arrays(arrays: Arrays, key: str, scalars: ConfigRecord | MetricRecord) -> RecordDict:
+    """``scalars`` as record ``key``, with the packed ``arrays`` inline in it when small,
+    else beside it as the ``arrays`` record."""
     packed = pack_arrays(arrays)
-    record = to_metric_record(metrics, signature)
     if len(packed) <= INLINE_MAX_BYTES:
-        return RecordDict({"metrics": ConfigRecord({**record, INLINE: packed})})
-    return RecordDict({"arrays": _packed_record(packed), "metrics": record})
+        return RecordDict({key: ConfigRecord({**scalars, INLINE: packed})})
+    return RecordDict({"arrays": packed_array_record(packed), key: scalars})
 
 
 def content_arrays(content: RecordDict) -> Arrays:
@@ -178,7 +176,8 @@ def content_arrays(content: RecordDict) -> Arrays:
     for record in content.config_records.values():
         if INLINE in record:
             return unpack_arrays(cast(bytes, record[INLINE]))
-    return {}
+    raise ValueError(f"the message carries no arrays (no 'arrays' record and no "
+                     f"{INLINE!r} entry; records: {sorted(content)})")
 
 
 def content_scalars(content: RecordDict, key: str) -> dict[str, Any]:
