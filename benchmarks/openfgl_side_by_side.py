@@ -48,15 +48,20 @@ from fedgraph_flwr.engine.protocols import best_val_index
 #: scores step 2 only, so ``compare`` also scores OpenFGL's step-2 rounds alone.
 OPENFGL_ADAFGL_STEP1 = 50
 
-#: OpenFGL's algorithm name -> this project's.
-ALGORITHMS = {"fedgta": "fedgta", "adafgl": "adafgl", "fedsage_plus": "fedsage", "fedstar": "fedstar",
-              "scaffold": "scaffold", "moon": "moon", "fedproto": "fedproto", "fedtgp": "fedtgp",
-              "feddc": "feddc", "fedtad": "fedtad"}
+#: OpenFGL's algorithm names that differ from this project's; the others are the same.
+RENAMED = {"fedsage_plus": "fedsage"}
+
+
+def ours(openfgl_name: str) -> str:
+    """This project's name of OpenFGL's algorithm ``openfgl_name`` (one line if it has none)."""
+    name = RENAMED.get(openfgl_name, openfgl_name)
+    get_algorithm(name)  # ValueError naming the valid ones
+    return name
 
 
 def run_openfgl(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="openfgl_side_by_side.py run")
-    parser.add_argument("algorithm", choices=sorted(ALGORITHMS))
+    parser.add_argument("algorithm", help="OpenFGL's name (fedsage_plus for FedSage+)")
     parser.add_argument("seed", type=int)
     parser.add_argument("out", type=Path)
     parser.add_argument("--root", required=True, help="OpenFGL's data root (global/ and distrib/)")
@@ -68,6 +73,10 @@ def run_openfgl(argv: list[str]) -> int:
     parser.add_argument("--metric", choices=("accuracy", "auc"), default="accuracy",
                         help="what each client's val/test figure is (auc: binary tasks)")
     args = parser.parse_args(argv)
+    try:
+        ours(args.algorithm)
+    except ValueError as err:
+        parser.error(str(err))
     sys.argv = sys.argv[:1]  # openfgl.config parses the command line when imported
 
     import torch
@@ -197,7 +206,7 @@ def compare(argv: list[str]) -> int:
         row["s_per_round"] = statistics.median(run["round_s"])
         row["s_mean"] = run["wall_s"] / len(run["round_s"])
         clients = int(run.get("clients", 10))
-        rows.setdefault((ALGORITHMS[run["algorithm"]], clients, "OpenFGL"), []).append(row)
+        rows.setdefault((ours(run["algorithm"]), clients, "OpenFGL"), []).append(row)
         if run["algorithm"] == "adafgl":
             step2 = scores(run["per_round"][OPENFGL_ADAFGL_STEP1:])
             step2.update(s_per_round=row["s_per_round"], s_mean=row["s_mean"])

@@ -20,6 +20,7 @@ from . import (
     fedstar,
     fedtad,
     fedtgp,
+    fgssl,
     gcfl,
     local,
     moon,
@@ -52,5 +53,6 @@ register("fedproto", fedproto.FedProtoTrainer, fedproto.FedProtoAggregator, fedp
 register("fedtgp", fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, fedtgp.FedTGPOptions)
 register("feddc", feddc.FedDCTrainer, feddc.FedDCAggregator, feddc.FedDCOptions)
 register("fedtad", fedtad.FedTADTrainer, fedtad.FedTADAggregator, fedtad.FedTADOptions)
+register("fgssl", fgssl.FGSSLTrainer, fgssl.FGSSLAggregator, fgssl.FGSSLOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]
