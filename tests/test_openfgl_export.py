@@ -71,6 +71,13 @@ def test_the_three_scoring_rules_on_a_known_curve():
     assert got["per_client"] == pytest.approx(70.0)
 
 
+def test_openfgl_names_map_to_ours_by_the_one_rename():
+    side = benchmark_module("openfgl_side_by_side")
+    assert side.ours("fedsage_plus") == "fedsage" and side.ours("fgssl") == "fgssl"
+    with pytest.raises(ValueError, match="unknown algorithm 'gcn_only'"):
+        side.ours("gcn_only")
+
+
 def test_our_partition_imports_into_openfgl_and_reads_back_equal(tmp_path, data_root):
     """openfgl_import writes what openfgl_export reads: a round trip keeps every client's
     graph, features, labels, masks and global ids, and OpenFGL's global-id lists."""
