@@ -105,3 +105,25 @@ def test_fedtgp_smoke_and_the_server_pulls_prototypes_to_their_classes(flavour):
     again = fedtgp.FedTGPAggregator(config, [0, 1, 2], initial)
     again.load_state_dict(agg.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(agg.tgp.parameters(), again.tgp.parameters()))
+
+
+@pytest.mark.parametrize("flavour, predict, rule", [
+    ("official", "auto", "prototype"), ("openfgl", "auto", "head"),
+    ("official", "head", "head"), ("openfgl", "prototype", "prototype")])
+def test_fedtgp_prediction_rule_follows_the_flavour_unless_set(flavour, predict, rule):
+    """With global prototypes placed on class c's side, the prototype rule scores what the
+    nearest prototype says and the head rule what the GCN's head says."""
+    config = make_config(fedtgp.FedTGPOptions, fedtgp_flavour=flavour, fedtgp_predict=predict)
+    trainer = fedtgp.FedTGPTrainer(tiny_graph(3), config, NUM_CLASSES, CPU)
+    assert trainer.prediction_rule() == rule
+    trainer.model.eval()
+    z, _ = trainer.hidden(training=False)
+    logits = trainer.forward()
+    far = z.abs().max() * 100
+    trainer.global_prototypes = torch.full((NUM_CLASSES, z.size(1)), float(far))
+    trainer.global_prototypes[1] = z.mean(0)  # every node nearest to class 1's prototype
+    data = trainer.data
+    expected_prototype = float((data.y[data.test_mask] == 1).float().mean())
+    expected_head = float((logits.argmax(1) == data.y)[data.test_mask].float().mean())
+    expected = expected_prototype if rule == "prototype" else expected_head
+    assert trainer.evaluate()["test_metric"] == pytest.approx(expected)

@@ -28,6 +28,10 @@ server SGD at the clients' learning rate, batches of 10 prototypes). Also read: 
   persisting optimizer, and its gaps come from class means divided by every class's
   count in turn (its ``avg_proto /= ...`` loop, kept as the code runs); clients predict
   with their GCN's head.
+
+``fedtgp-predict`` overrides the flavour's prediction rule alone (``prototype``: the
+nearest global prototype; ``head``: the GCN's head), to separate its effect from the rest
+of the flavour.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from ..config import RunConfig
 
 FLAVOURS = ("official", "openfgl")
+PREDICTIONS = ("auto", "prototype", "head")
 OPENFGL_SERVER_EPOCHS, OPENFGL_SERVER_LR = 10, 0.01
 
 
@@ -62,6 +67,9 @@ class FedTGPOptions(Options, prefix="fedtgp"):
     server_batch: int = option(10, "official flavour: prototypes per TGP batch", low=1)
     flavour: str = option("official", "official (TsingZ0/FedTGP) | openfgl (OpenFGL's "
                           "flcore/fedtgp): see the module docstring", choices=FLAVOURS)
+    predict: str = option("auto", "the clients' prediction: auto (the flavour's) | prototype "
+                          "(nearest global prototype, official) | head (the GCN's head, OpenFGL)",
+                          choices=PREDICTIONS)
 
 
 class TrainableGlobalPrototypes(nn.Module):
@@ -118,10 +126,16 @@ class FedTGPTrainer(FedProtoTrainer):
         """Both codes take the prototypes in an eval-mode pass after training."""
         return True
 
+    def prediction_rule(self) -> str:
+        """``prototype`` or ``head``: ``fedtgp-predict``, or under ``auto`` the flavour's."""
+        if self.options.predict != "auto":
+            return self.options.predict
+        return "head" if self.options.flavour == "openfgl" else "prototype"
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """official: −‖z − P_c‖² as the logits (nearest global prototype); openfgl: the head."""
-        if self.options.flavour == "openfgl" or not bool(self.global_prototypes.abs().sum() > 0):
+        """prototype: −‖z − P_c‖² as the logits (nearest global prototype); head: the GCN's."""
+        if self.prediction_rule() == "head" or not bool(self.global_prototypes.abs().sum() > 0):
             return super().evaluate()
         self.model.eval()
         z, _ = self.hidden(training=False)
