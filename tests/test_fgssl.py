@@ -49,13 +49,15 @@ def test_structure_distillation_closed_form():
     a = 2.0
     local = torch.zeros(2, 2)
     global_ = torch.tensor([[a, 0.0], [0.0, a]])
-    edge_index = torch.tensor([[0, 1], [1, 0]])
+    edge_index = fgssl.neighbourhood_edges(torch.tensor([[0, 1], [1, 0]]), 2)
     sigma = math.exp(a) / (math.exp(a) + 1)
     c = 2 * sigma * (1 - sigma) / (sigma**2 + (1 - sigma) ** 2)
     s = [math.exp(1) / (math.exp(1) + math.exp(c)), math.exp(c) / (math.exp(1) + math.exp(c))]
     expected = sum(p * math.log(p / 0.5) for p in s)
     loss = fgssl.structure_distillation(local, global_, edge_index, tau=1.0)
     assert math.isclose(float(loss), expected, rel_tol=1e-5)
+    with_loop = fgssl.neighbourhood_edges(torch.tensor([[0, 0, 1], [0, 1, 0]]), 2)
+    assert sorted(map(tuple, with_loop.t().tolist())) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     same = fgssl.structure_distillation(global_, global_, edge_index, tau=1.0)
     assert float(same) == pytest.approx(0.0, abs=1e-7)
 

@@ -137,13 +137,20 @@ def dual_branch_contrast(h1: torch.Tensor, h2: torch.Tensor, labels: torch.Tenso
     return 0.5 * (supervised_info_nce(h1, h2, labels, tau) + supervised_info_nce(h2, h1, labels, tau))
 
 
+def neighbourhood_edges(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """edge_index [2, m] with exactly one self-loop per node: each node's neighbourhood
+    includes itself, as the official ``simi_kd_2``'s. -> [2, m' + num_nodes]."""
+    edge_index, _ = remove_self_loops(edge_index)
+    edge_index, _ = add_remaining_self_loops(edge_index, num_nodes=num_nodes)
+    return edge_index
+
+
 def structure_distillation(local_logits: torch.Tensor, global_logits: torch.Tensor,
                            edge_index: torch.Tensor, tau: float) -> torch.Tensor:
-    """mean_i KL(S_i^global ‖ S_i^local), S_i = softmax over i's neighbours j (i included) of
-    cos(p_i, p_j), p = softmax(logits / τ). logits [n, C], edge_index [2, m] -> scalar."""
+    """mean_i KL(S_i^global ‖ S_i^local), S_i = softmax over i's neighbours j of
+    cos(p_i, p_j), p = softmax(logits / τ). logits [n, C], edge_index [2, m] from
+    :func:`neighbourhood_edges` (i among its own neighbours) -> scalar."""
     n = local_logits.size(0)
-    edge_index, _ = remove_self_loops(edge_index)
-    edge_index, _ = add_remaining_self_loops(edge_index, num_nodes=n)
     src, dst = edge_index
 
     def log_distribution(logits: torch.Tensor) -> torch.Tensor:
@@ -185,6 +192,8 @@ class FGSSLTrainer(GCNTrainer):
             raise ValueError("fgssl: num-layers must be >= 2 (it contrasts a hidden layer)")
         super().__init__(data, config, num_classes, device)
         self.global_model: GCN | None = None
+        # The structure term's neighbourhoods: fixed for the client, built once.
+        self.neighbourhoods = neighbourhood_edges(self.data.edge_index, self.data.num_nodes)
 
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
@@ -225,7 +234,7 @@ class FGSSLTrainer(GCNTrainer):
         if opts.flavour == "openfgl":
             return opts.edge_weight * edge_distribution(data.edge_index, h_local, h_global)
         contrast = dual_branch_contrast(z_global[mask], z_local[mask], labels, opts.tau)
-        structure = structure_distillation(logits_local, logits_global, data.edge_index,
+        structure = structure_distillation(logits_local, logits_global, self.neighbourhoods,
                                            opts.structure_tau)
         return opts.contrast_weight * contrast + opts.structure_weight * structure
 
