@@ -133,5 +133,7 @@ def test_fgssl_server_is_fedavg():
 
 
 def test_fgssl_refuses_a_one_layer_gcn():
+    config = make_config(fgssl.FGSSLOptions, num_layers=1)
+    initial = fgssl.FGSSLTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, config)
     with pytest.raises(ValueError, match="num-layers"):
-        fgssl.FGSSLTrainer(tiny_graph(0), make_config(fgssl.FGSSLOptions, num_layers=1), NUM_CLASSES, CPU)
+        fgssl.FGSSLAggregator(config, [0, 1], initial)

@@ -63,12 +63,12 @@ from torch_geometric.utils import softmax as edge_softmax
 from ..nn.gcn import GCN
 from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import Options, option
+from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..config import ClientConfig
+    from ..config import ClientConfig, RunConfig
 
 FLAVOURS = ("paper", "official", "openfgl")
 
@@ -186,10 +186,6 @@ class FGSSLTrainer(GCNTrainer):
     model: GCN
 
     def __init__(self, data: Any, config: ClientConfig, num_classes: int, device: torch.device) -> None:
-        if config.gnn != "gcn":
-            raise ValueError("fgssl: gnn must be gcn")
-        if config.num_layers < 2:
-            raise ValueError("fgssl: num-layers must be >= 2 (it contrasts a hidden layer)")
         super().__init__(data, config, num_classes, device)
         self.global_model: GCN | None = None
         # The structure term's neighbourhoods: fixed for the client, built once.
@@ -261,3 +257,10 @@ class FGSSLAggregator(FedAvgAggregator):
     """The FGSSL server is FedAvg (weighted by training nodes)."""
 
     options_class = FGSSLOptions
+
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
+        """Refuses, before round 1, a model FGSSL cannot contrast."""
+        super().__init__(config, client_ids, initial)
+        if config.gnn != "gcn" or config.num_layers < 2:
+            raise ConfigError("fgssl contrasts a GCN's hidden layer: it needs gnn=gcn and "
+                              f"num-layers >= 2 (got gnn={config.gnn}, num-layers={config.num_layers})")
