@@ -10,6 +10,9 @@ the set-up:
     PYTHONPATH=. python benchmarks/openfgl_side_by_side.py run fedgta 0 runs/fedgta-0.json \\
         --root <openfgl-root> --dataset Cora --simulation subgraph_fl_metis --clients 10
 
+``--config KEY=VALUE ...`` sets entries of the method's own config dict first (an ablation
+of OpenFGL's switches, e.g. FedGL's ``ssl_loss_weight=0``); its row is named by them.
+
 ``compare`` reads those JSON files and this project's ``results.json`` of the same methods
 (``fedgraph-experiments run configs/paper/openfgl-side-by-side-cora.yaml``) and scores both
 by the same three rules, from the per-client curves:
@@ -72,7 +75,18 @@ def run_openfgl(argv: list[str]) -> int:
     parser.add_argument("--model", default="gcn", help="OpenFGL's backbone for algorithms that use one")
     parser.add_argument("--metric", choices=("accuracy", "auc"), default="accuracy",
                         help="what each client's val/test figure is (auc: binary tasks)")
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="set entries of the method's own config dict "
+                             "(openfgl.flcore.<algorithm>.<algorithm>_config.config): OpenFGL's "
+                             "switches, for an ablation; the row names them")
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--config {item!r}: expected KEY=VALUE")
+        overrides[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") \
+            else value
     try:
         ours(args.algorithm)
     except ValueError as err:
@@ -91,6 +105,14 @@ def run_openfgl(argv: list[str]) -> int:
     fgl.use_cuda, fgl.seed = False, args.seed
     if args.metric == "auc":
         score_positive_class()
+    if overrides:
+        import importlib
+        method_config = importlib.import_module(
+            f"openfgl.flcore.{args.algorithm}.{args.algorithm}_config").config
+        unknown = sorted(set(overrides) - set(method_config))
+        if unknown:
+            parser.error(f"--config: {args.algorithm} has no {unknown}; it has {sorted(method_config)}")
+        method_config.update(overrides)
     seed_everything(args.seed)
     trainer = FGLTrainer(fgl)
 
@@ -130,7 +152,7 @@ def run_openfgl(argv: list[str]) -> int:
     args.out.write_text(json.dumps({
         "library": "openfgl", "algorithm": args.algorithm, "seed": args.seed, "rounds": args.rounds,
         "dataset": args.dataset, "simulation": args.simulation, "clients": args.clients,
-        "wall_s": wall, "round_s": round_s, "per_round": per_round,
+        "wall_s": wall, "round_s": round_s, "per_round": per_round, "config": overrides,
         "openfgl_best": {k: float(v) for k, v in trainer.evaluation_result.items()}}))
     print(f"{args.algorithm} seed {args.seed}: OpenFGL's best test {trainer.evaluation_result}, "
           f"{wall:.1f} s")
@@ -206,7 +228,8 @@ def compare(argv: list[str]) -> int:
         row["s_per_round"] = statistics.median(run["round_s"])
         row["s_mean"] = run["wall_s"] / len(run["round_s"])
         clients = int(run.get("clients", 10))
-        rows.setdefault((ours(run["algorithm"]), clients, "OpenFGL"), []).append(row)
+        library = "OpenFGL" + "".join(f", {k}={v}" for k, v in sorted(run.get("config", {}).items()))
+        rows.setdefault((ours(run["algorithm"]), clients, library), []).append(row)
         if run["algorithm"] == "adafgl":
             step2 = scores(run["per_round"][OPENFGL_ADAFGL_STEP1:])
             step2.update(s_per_round=row["s_per_round"], s_mean=row["s_mean"])

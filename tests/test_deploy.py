@@ -167,6 +167,8 @@ STAGES_WITHIN_THREE_ROUNDS = {
     "fedgnn": {"fedgnn-expand": False},
     "fedsage": {"fedsage-gen-rounds": 1, "fedsage-pretrain-epochs": 2, "client-state": "file"},
     "adafgl": {"adafgl-rounds-step1": 1, "adafgl-epochs": 5},
+    # the deployment's client files carry no global node ids (they go to other machines)
+    "fedgl": {"fedgl-node-ids": "local", "fedgl-threshold": 0.0},
 }
 
 

@@ -7,6 +7,7 @@ from . import (
     fedaux,
     fedavg,
     feddc,
+    fedgl,
     fedgnn,
     fedgta,
     fediih,
@@ -54,5 +55,6 @@ register("fedtgp", fedtgp.FedTGPTrainer, fedtgp.FedTGPAggregator, fedtgp.FedTGPO
 register("feddc", feddc.FedDCTrainer, feddc.FedDCAggregator, feddc.FedDCOptions)
 register("fedtad", fedtad.FedTADTrainer, fedtad.FedTADAggregator, fedtad.FedTADOptions)
 register("fgssl", fgssl.FGSSLTrainer, fgssl.FGSSLAggregator, fgssl.FGSSLOptions)
+register("fedgl", fedgl.FedGLTrainer, fedgl.FedGLAggregator, fedgl.FedGLOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

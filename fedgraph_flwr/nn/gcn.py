@@ -46,9 +46,12 @@ class GCN(nn.Module):
         for conv in self.convs:
             conv.reset_parameters()
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        """Logits [n, C] of the convolutions."""
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [n, C] of the convolutions; ``edge_weight`` [m] only for convolutions
+        that take one (GCNConv; SAGEConv's third argument is something else)."""
+        args = (edge_index,) if edge_weight is None else (edge_index, edge_weight)
         for conv in self.convs[:-1]:
-            x = F.relu(conv(x, edge_index))
+            x = F.relu(conv(x, *args))
             x = F.dropout(x, p=self.dropout, training=self.training)
-        return self.convs[-1](x, edge_index)
+        return self.convs[-1](x, *args)
