@@ -169,6 +169,8 @@ STAGES_WITHIN_THREE_ROUNDS = {
     "adafgl": {"adafgl-rounds-step1": 1, "adafgl-epochs": 5},
     # the deployment's client files carry no global node ids (they go to other machines)
     "fedgl": {"fedgl-node-ids": "local", "fedgl-threshold": 0.0},
+    # nor their halo: FedGraph's FedAvg mode (the exchange runs in simulation, tests/test_fedgcn.py)
+    "fedgcn": {"fedgcn-hops": 0},
 }
 
 

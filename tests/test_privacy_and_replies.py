@@ -11,6 +11,7 @@ import torch
 from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import ALGORITHMS
+from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.config import RunConfig, resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import Federation
@@ -45,9 +46,12 @@ def test_every_per_node_exemption_is_disclosed_in_the_readme():
         assert listed == set(ALGORITHMS[name].trainer.per_node_arrays)
 
 
-def _graph(n: int, seed: int) -> Data:
+def _graph(n: int, seed: int, halo: bool = False) -> Data:
     graph = labelled_graph(n, NUM_CLASSES, NUM_FEATURES, seed, degree=4)
     graph.global_id = torch.arange(n)  # what the partition cache gives every client (FedGNN hashes it)
+    if halo:  # and its halo, to the trainer that reads it (FedGCN): 5 outside nodes
+        graph.halo_global_id = torch.arange(n, n + 5)
+        graph.halo_edge_index = torch.tensor([[0, n, 1, n + 4], [n, 0, n + 4, 1]])
     return graph
 
 
@@ -67,19 +71,24 @@ def test_nothing_a_client_sends_scales_with_its_node_count(algorithm):
     cfg = _config(algorithm)
     algo = ALGORITHMS[algorithm]
     exempt = algo.trainer.per_node_arrays  # the published exemption, if any (above)
+    halo = algo.trainer.reads_halo
     initial = algo.trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
-    aggregator = algo.aggregator(cfg, [0], initial)
     for phase in algo.trainer.phases:
-        request = initial if phase.name == "train" else aggregator.configure(phase, 1, [0])[0]
         sent = {}
         for n in (40, 400):
+            aggregator = algo.aggregator(cfg, [0], initial)
             state = None
             for earlier in algo.trainer.phases[:algo.trainer.phases.index(phase)]:
-                # the client as it is when this phase comes: after the earlier phases
+                # the client as it is when this phase comes: after the earlier phases and
+                # the server's steps on them
                 req = aggregator.configure(earlier, 1, [0])[0]
-                state = rt.phase_round(_graph(n, seed=n), NUM_CLASSES, cfg, earlier, req,
-                                       state, 1, 0, torch.device("cpu")).state
-            sent[n] = rt.phase_round(_graph(n, seed=n), NUM_CLASSES, cfg, phase, request,
+                reply = rt.phase_round(_graph(n, n, halo), NUM_CLASSES, cfg, earlier, req,
+                                       state, 1, 0, torch.device("cpu"))
+                aggregator.step(earlier, 1, {0: ClientUpdate(reply.upload, reply.signature, 1,
+                                                             reply.metrics)})
+                state = reply.state
+            request = initial if phase.name == "train" else aggregator.configure(phase, 1, [0])[0]
+            sent[n] = rt.phase_round(_graph(n, n, halo), NUM_CLASSES, cfg, phase, request,
                                      state, 1, 0, torch.device("cpu"))
         small, large = sent[40], sent[400]
         for part in ("upload", "signature"):

@@ -7,6 +7,7 @@ from . import (
     fedaux,
     fedavg,
     feddc,
+    fedgcn,
     fedgl,
     fedgnn,
     fedgta,
@@ -56,5 +57,6 @@ register("feddc", feddc.FedDCTrainer, feddc.FedDCAggregator, feddc.FedDCOptions)
 register("fedtad", fedtad.FedTADTrainer, fedtad.FedTADAggregator, fedtad.FedTADOptions)
 register("fgssl", fgssl.FGSSLTrainer, fgssl.FGSSLAggregator, fgssl.FGSSLOptions)
 register("fedgl", fedgl.FedGLTrainer, fedgl.FedGLAggregator, fedgl.FedGLOptions)
+register("fedgcn", fedgcn.FedGCNTrainer, fedgcn.FedGCNAggregator, fedgcn.FedGCNOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

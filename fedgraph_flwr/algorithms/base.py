@@ -175,6 +175,11 @@ class ClientTrainer(ABC):
     #: invariant's exemption, module docstring). Empty for every method of ours.
     per_node_arrays: ClassVar[frozenset[str]] = frozenset()
 
+    #: Whether the trainer reads the client's 1-hop halo (``data.halo_global_id``,
+    #: ``data.halo_edge_index``: global ids of other clients' nodes); other trainers' data
+    #: comes without it.
+    reads_halo: ClassVar[bool] = False
+
     def __init__(
         self, data: Data, config: ClientConfig, num_classes: int, device: torch.device
     ) -> None:

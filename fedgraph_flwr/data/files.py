@@ -9,7 +9,13 @@ Format (the reference-partitions format, ``client_<i>.npz`` or ``client_<i>.pt``
 | y | integer (int64) | n |
 | train_mask, val_mask, test_mask | bool | n |
 | global_id (optional, never sent anywhere) | integer | n |
+| halo_global_id (optional, with global_id) | integer | h |
+| halo_edge_index (optional, with halo_global_id) | integer | 2 × k |
 | num_classes (optional) | integer scalar | the run's label-space size |
+
+The halo (FedGCN's): ``halo_global_id``, the sorted global ids of the nodes outside the
+client one edge away; ``halo_edge_index``, the other edges among its n + h nodes (local ids
+n.. are the halo in that order; halo–halo edges too), both directions.
 
 ``.npz`` is read with ``allow_pickle=False``; ``.pt`` with ``torch.load(weights_only=True)``
 and may hold a dict of tensors/arrays or a PyG ``Data`` (allowlisted classes only).
@@ -141,6 +147,21 @@ def validate_subgraph(arrays: dict[str, Any], path: str | Path = "<memory>") -> 
         if gid.is_floating_point() or gid.shape != (n,):
             raise _fail(path, f"global_id must be integer with shape ({n},)")
         data.global_id = gid.long()
+    if ("halo_global_id" in arrays) != ("halo_edge_index" in arrays) or (
+            "halo_global_id" in arrays and "global_id" not in arrays):
+        raise _fail(path, "halo_global_id and halo_edge_index come together, with global_id")
+    if "halo_global_id" in arrays:
+        halo = _as_tensor(path, "halo_global_id", arrays["halo_global_id"])
+        halo_edges = _as_tensor(path, "halo_edge_index", arrays["halo_edge_index"])
+        if halo.is_floating_point() or halo.dim() != 1:
+            raise _fail(path, "halo_global_id must be a 1-d integer array")
+        total = n + halo.numel()
+        if (halo_edges.is_floating_point() or halo_edges.dim() != 2 or halo_edges.size(0) != 2
+                or (halo_edges.numel() and (int(halo_edges.min()) < 0
+                                            or int(halo_edges.max()) >= total))):
+            raise _fail(path, f"halo_edge_index must be 2 x k integer ids in [0, {total})")
+        data.halo_global_id = halo.long().contiguous()
+        data.halo_edge_index = halo_edges.long().contiguous()
     if "num_classes" in arrays:
         nc = _as_tensor(path, "num_classes", arrays["num_classes"])
         if nc.numel() != 1 or nc.is_floating_point():
@@ -218,6 +239,9 @@ def subgraph_arrays(data: Data, include_global_id: bool = False) -> dict[str, to
     }
     if include_global_id and "global_id" in data:
         out["global_id"] = data.global_id.long().contiguous()
+        if "halo_global_id" in data:  # global ids too
+            out["halo_global_id"] = data.halo_global_id.long().contiguous()
+            out["halo_edge_index"] = data.halo_edge_index.long().contiguous()
     if getattr(data, "num_classes_total", None) is not None:
         out["num_classes"] = torch.tensor(int(data.num_classes_total), dtype=torch.long)
     return out

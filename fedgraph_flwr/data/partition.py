@@ -19,8 +19,10 @@ Modes (``partition_graph``):
 
 Each client is the **induced** subgraph (``torch_geometric.utils.subgraph``, relabelled
 in increasing global id) with x, edge_index, y, train/val/test masks and ``global_id``
-(int64 [n], kept on the client). ``split="global"`` inherits the global split masks;
-``split="per-client"`` draws FedSpray's 40/30/30 split per client (louvain's default).
+(int64 [n], kept on the client), and its 1-hop halo (``halo_global_id``,
+``halo_edge_index``: the links it holds to other nodes, which only FedGCN reads).
+``split="global"`` inherits the global split masks; ``split="per-client"`` draws
+FedSpray's 40/30/30 split per client (louvain's default).
 
 The cache (``ensure_partitions``) writes ``<data-root>/partitions/<name>/`` with
 ``client_<i>.pt`` (a plain dict of tensors) and ``manifest.json``; several processes may
@@ -71,7 +73,8 @@ if TYPE_CHECKING:
 MODES = ("metis", "metis-overlapping", "louvain", "blocks")
 SPLITS = ("global", "per-client")
 CLIENTS_PER_PART = 5  # FedIIH overlapping setting
-FORMAT_VERSION = 1
+# 2: client files also hold their 1-hop halo (halo_global_id, halo_edge_index; FedGCN).
+FORMAT_VERSION = 2
 SYNTHETIC_GRAPH_SEED = 0  # synthetic datasets are one fixed graph; seeds vary split/partition
 
 
@@ -198,11 +201,32 @@ def client_node_sets(data: Data, num_clients: int, mode: str, seed: int,
 # --------------------------------------------------------------------------------------
 # client subgraphs
 # --------------------------------------------------------------------------------------
+def halo(edge_index: torch.Tensor, nodes: torch.Tensor, num_nodes: int
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 1-hop halo of the client holding ``nodes`` (sorted global ids): the sorted global
+    ids [h] of the other nodes one edge away, and the edges [2, k] among the n + h nodes
+    that are not between two of the client's own (local ids: own 0..n-1, then the halo in
+    order), as FedGraph's ``get_in_comm_indexes`` gives its trainers (halo–halo edges too)."""
+    own = torch.zeros(num_nodes, dtype=torch.bool)
+    own[nodes] = True
+    src, dst = edge_index
+    touching = own[src] | own[dst]
+    halo_ids = torch.unique(torch.cat((src[touching & ~own[src]], dst[touching & ~own[dst]])))
+    local = torch.full((num_nodes,), -1, dtype=torch.long)
+    local[nodes] = torch.arange(nodes.numel())
+    local[halo_ids] = torch.arange(nodes.numel(), nodes.numel() + halo_ids.numel())
+    inside = (local[src] >= 0) & (local[dst] >= 0) & ~(own[src] & own[dst])
+    return halo_ids, local[edge_index[:, inside]]
+
+
 def induced_client(data: Data, nodes: np.ndarray) -> Data:
-    """The subgraph induced on ``nodes`` (sorted global ids), relabelled 0..n-1."""
+    """The subgraph induced on ``nodes`` (sorted global ids), relabelled 0..n-1, with its
+    halo (:func:`halo`)."""
     idx = torch.from_numpy(np.ascontiguousarray(nodes)).long()
     edge_index, _ = subgraph(idx, data.edge_index, relabel_nodes=True, num_nodes=data.num_nodes)
-    client = Data(x=data.x[idx], edge_index=edge_index, y=data.y[idx], global_id=idx)
+    halo_ids, halo_edges = halo(data.edge_index, idx, data.num_nodes)
+    client = Data(x=data.x[idx], edge_index=edge_index, y=data.y[idx], global_id=idx,
+                  halo_global_id=halo_ids, halo_edge_index=halo_edges)
     for key in files.MASK_KEYS:
         if key in data:
             client[key] = data[key][idx]

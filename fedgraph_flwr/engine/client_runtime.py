@@ -7,6 +7,7 @@ run exactly the same code.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -149,10 +150,10 @@ def identify(node_config: dict[str, Any], config: ClientSettings) -> ClientIdent
 
 def load_client_data(identity: ClientIdentity, config: ClientSettings) -> tuple[Data, int]:
     """The client's subgraph and the label-space size it knows of."""
-    from ..data import files, partition  # heavy imports only when a client needs data
-    from ..data.datasets import DatasetNotAvailable
+    from ..data import partition  # heavy imports only when a client needs data
 
     key: tuple
+    p: Path | None = None
     if identity.source == "cache":
         # everything that names the partition build (split draw, METIS build, features, ...)
         key = ("cache", str(config.data_root_path),
@@ -166,21 +167,40 @@ def load_client_data(identity: ClientIdentity, config: ClientSettings) -> tuple[
         st = p.stat() if p.exists() else None
         key = ("file", str(p), identity.partition_id,
                (st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
-    if key in _DATA_CACHE:
-        return _DATA_CACHE[key]
+    if key not in _DATA_CACHE:
+        _DATA_CACHE[key] = _read_client_data(identity, config, p)
+    data, num_classes = _DATA_CACHE[key]
+    if "halo_global_id" in data and not _reads_halo(config.algorithm):
+        # the halo (global ids of other clients' nodes) only for the method that reads it
+        data = copy.copy(data)
+        del data.halo_global_id, data.halo_edge_index
+    return data, num_classes
+
+
+def _reads_halo(algorithm: str) -> bool:
+    from ..algorithms import ALGORITHMS
+
+    algo = ALGORITHMS.get(algorithm)
+    return algo is not None and algo.trainer.reads_halo
+
+
+def _read_client_data(identity: ClientIdentity, config: ClientSettings, p: Path | None
+                      ) -> tuple[Data, int]:
+    from ..data import files, partition
+    from ..data.datasets import DatasetNotAvailable
+
     try:
         if identity.source == "cache":
             resolved = dataclasses.replace(config, data_root=str(config.data_root_path))
             data = partition.load_client(resolved, identity.partition_id)
         else:
+            assert p is not None
             data = files.load_subgraph_file(p)
     except DatasetNotAvailable as exc:
         raise DataRootError(data_root_reason(str(exc) or repr(exc), config)) from exc
     except (OSError, ValueError, RuntimeError) as exc:
         raise ClientDataError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from exc
-    num_classes = int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
-    _DATA_CACHE[key] = (data, num_classes)
-    return data, num_classes
+    return data, int(getattr(data, "num_classes_total", 0) or int(data.y.max()) + 1)
 
 
 def client_file_in_dir(folder: str | Path, partition_id: int) -> Path:
