@@ -22,6 +22,7 @@ from test_baselines import (
 from fedgraph_flwr.algorithms import moon, scaffold
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions, GCNTrainer
+from fedgraph_flwr.algorithms.options import ConfigError
 
 
 # --- SCAFFOLD ----------------------------------------------------------------------------
@@ -152,3 +153,11 @@ def test_moon_without_its_term_is_fedavg_round_for_round():
     for a, b in zip(moon_log, fedavg_log):
         for c, payload in a["result"].payloads.items():
             assert all(np.array_equal(v, b["result"].payloads[c][k]) for k, v in payload.items())
+
+
+@pytest.mark.parametrize("overrides", [{"num_layers": 1}, {"gnn": "sage"}])
+def test_moon_refuses_a_model_without_a_gcn_hidden_layer_before_round_one(overrides):
+    config = make_config(moon.MOONOptions, **overrides)
+    initial = moon.MOONTrainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, config)
+    with pytest.raises(ConfigError, match="gnn=gcn and num-layers >= 2"):
+        moon.MOONAggregator(config, [0, 1], initial)

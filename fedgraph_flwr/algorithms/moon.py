@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from ..nn.gcn import GCN
 from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import Options, option
+from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
-    from ..config import ClientConfig
+    from ..config import ClientConfig, RunConfig
 
 NODE_SETS = ("train", "all")
 
@@ -74,9 +74,6 @@ class MOONTrainer(GCNTrainer):
 
     def __init__(self, data: Any, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)
-        if config.gnn != "gcn":
-            raise ValueError("moon: gnn must be gcn (its representation is the GCN's last "
-                             "hidden layer)")
         self.global_state: dict[str, torch.Tensor] | None = None
         self.previous_state: dict[str, torch.Tensor] | None = None
 
@@ -89,8 +86,6 @@ class MOONTrainer(GCNTrainer):
         """z [n, hidden]: the last hidden layer of the GCN (dropout only when ``training``)."""
         x, edge_index = self.data.x, self.message_graph()
         convs = self.model.convs
-        if len(convs) < 2:
-            raise ValueError("moon: num-layers must be >= 2 (z is the last hidden layer)")
         for conv in convs[:-1]:
             x = F.relu(conv(x, edge_index))
             x = F.dropout(x, p=self.model.dropout, training=training)
@@ -146,3 +141,9 @@ class MOONAggregator(FedAvgAggregator):
     """The MOON server is FedAvg (weighted by training nodes)."""
 
     options_class = MOONOptions
+
+    def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
+        super().__init__(config, client_ids, initial)
+        if config.gnn != "gcn" or config.num_layers < 2:  # refused before round 1, as FGSSL's
+            raise ConfigError("moon contrasts the last hidden layer of a GCN: gnn=gcn and "
+                              "num-layers >= 2")
