@@ -52,6 +52,7 @@ import torch
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .fedavg import GCNTrainer
 from .options import Options, option
+from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
@@ -81,7 +82,7 @@ class FedDCOptions(Options, prefix="feddc"):
     flavour: str = option("official", "official (gaoliang13/FedDC) | openfgl (OpenFGL's "
                           "flcore/feddc): see the module docstring", choices=FLAVOURS)
     optimizer: str = option("sgd", "local optimizer: sgd (the official code) | adam (OpenFGL)",
-                            choices=("sgd", "adam"))
+                            choices=OPTIMIZERS)
     max_grad_norm: float = option(10.0, "official flavour: clip each step's gradient to this L2 "
                                   "norm (the official max_norm)", low=0.0, low_inclusive=False)
 
@@ -92,7 +93,7 @@ def share_of(num_train: dict[int, int]) -> dict[int, float]:
     return {c: n * len(num_train) / total for c, n in num_train.items()}
 
 
-class FedDCTrainer(GCNTrainer):
+class FedDCTrainer(ChoosesOptimizer, GCNTrainer):
     """A GCN trained with FedDC's drift penalty and gradient correction; keeps h_i and g_i."""
 
     options_class = FedDCOptions
@@ -107,13 +108,6 @@ class FedDCTrainer(GCNTrainer):
         self.global_correction = {n: torch.zeros_like(p) for n, p in params.items()}  # g/ω_i
         self.share = 1.0  # ω_i
         self.received: dict[str, torch.Tensor] = {}  # w
-
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        """Adam (OpenFGL) or plain SGD (the official code), with the run's lr and weight decay."""
-        if self.options.optimizer == "sgd":
-            return torch.optim.SGD(self.model.parameters(), lr=self.config.lr,
-                                   weight_decay=self.config.weight_decay)
-        return super().build_optimizer()
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:

@@ -62,7 +62,13 @@ from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, Pha
 from .fedavg import FedAvgAggregator
 from .fedgnn import hash_ids
 from .options import ConfigError, Options, option
-from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
+from .supervised import (
+    EVALUATE_POINTS,
+    OPTIMIZERS,
+    ChoosesOptimizer,
+    EvaluatesReceivedModel,
+    SupervisedTrainer,
+)
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
@@ -82,7 +88,7 @@ class FedGCNOptions(Options, prefix="fedgcn"):
     hops: int = option(1, "1: exchange the neighbour sums (FedGraph's num_hops 1 and 2) | 0: "
                        "FedAvg of a plain GCN, no exchange", choices=(0, 1))
     optimizer: str = option("sgd", "local optimizer: sgd (FedGraph: plain, no momentum) | adam",
-                            choices=("sgd", "adam"))
+                            choices=OPTIMIZERS)
     weighting: str = option("uniform", "server mean: uniform (FedGraph) | train (by training "
                             "nodes)", choices=("uniform", "train"))
     evaluate: str = option("before-train", "scored model: before-train (FedGraph: the global "
@@ -99,7 +105,7 @@ def neighbour_sums(x: torch.Tensor, edge_index: torch.Tensor, num_nodes: int) ->
         0, src[keep], x[dst[keep]])
 
 
-class FedGCNTrainer(EvaluatesReceivedModel, SupervisedTrainer):
+class FedGCNTrainer(ChoosesOptimizer, EvaluatesReceivedModel, SupervisedTrainer):
     """FedGraph's AggreGCN on the client's halo subgraph (or a GCN with ``fedgcn-hops=0``)."""
 
     options_class = FedGCNOptions
@@ -122,13 +128,6 @@ class FedGCNTrainer(EvaluatesReceivedModel, SupervisedTrainer):
                        dropout=config.dropout)
         return AggreGCN(num_features, config.hidden, num_classes, num_layers=config.num_layers,
                         dropout=config.dropout)
-
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        """Plain SGD (FedGraph) or Adam, with the run's lr and weight decay."""
-        params, cfg = self.model.parameters(), self.config
-        if self.options.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def halo_graph(self) -> torch.Tensor:
         """[2, e]: the client's own edges and its halo edges, over own then halo nodes."""

@@ -38,12 +38,12 @@ import torch
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
 from .fedavg import GCNTrainer, client_weights
 from .options import Options, option
+from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
 
 CONTROL_PREFIX = "control."
-OPTIMIZERS = ("adam", "sgd")
 
 
 def control_key(name: str) -> str:
@@ -63,7 +63,7 @@ class ScaffoldOptions(Options, prefix="scaffold"):
                               low_inclusive=False)
 
 
-class ScaffoldTrainer(GCNTrainer):
+class ScaffoldTrainer(ChoosesOptimizer, GCNTrainer):
     """A GCN whose every local step is corrected by c − c_i; keeps c_i between rounds."""
 
     options_class = ScaffoldOptions
@@ -77,19 +77,11 @@ class ScaffoldTrainer(GCNTrainer):
         self.received: dict[str, torch.Tensor] = {}  # x
         self.control_delta = {n: torch.zeros_like(p) for n, p in params.items()}  # Δc_i
 
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        """Adam (OpenFGL) or plain SGD (the paper), with the run's lr and weight decay."""
-        if self.options.optimizer == "sgd":
-            return torch.optim.SGD(self.model.parameters(), lr=self.config.lr,
-                                   weight_decay=self.config.weight_decay)
-        return super().build_optimizer()
-
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         """The initial model and c = 0 beside it (what a fresh client uploads: Δc_i = 0)."""
         arrays = super().initial_arrays(num_features, num_classes, config)
-        torch.manual_seed(config.seed)
-        model = cls.build_model(num_features, num_classes, config)
+        model = cls._meta_model(num_features, num_classes, config)  # the shapes only
         arrays.update({control_key(n): np.zeros(tuple(p.shape), np.float32)
                        for n, p in model.named_parameters()})
         return arrays

@@ -271,6 +271,25 @@ else:
     _MixinBase = object
 
 
+#: The local optimizers a method may offer (its ``optimizer`` option): plain SGD, no momentum,
+#: or :meth:`SupervisedTrainer.build_optimizer`'s Adam.
+OPTIMIZERS = ("sgd", "adam")
+
+
+class ChoosesOptimizer(_MixinBase):
+    """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose options
+    have ``optimizer`` in :data:`OPTIMIZERS`."""
+
+    options: Any  # the algorithm's options: they have ``optimizer``
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """Plain SGD or Adam, with the run's lr and weight decay."""
+        if self.options.optimizer == "sgd":
+            return torch.optim.SGD(self.model.parameters(), lr=self.config.lr,
+                                   weight_decay=self.config.weight_decay)
+        return super().build_optimizer()
+
+
 class EvaluatesReceivedModel(_MixinBase):
     """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose
     options have ``evaluate`` in :data:`EVALUATE_POINTS`: with ``before-train`` the round's
