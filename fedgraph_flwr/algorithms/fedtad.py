@@ -273,7 +273,9 @@ class FedTADAggregator(Aggregator):
                                       dtype=torch.float32)
         teachers = []
         for c in ids:
-            teacher = self.build_gcn()
+            with torch.device("meta"):  # no initialisation: the client's weights overwrite it
+                teacher = self.build_gcn()
+            teacher = teacher.to_empty(device="cpu")
             teacher.load_state_dict({k: torch.as_tensor(np.asarray(updates[c].arrays[k]))
                                      for k in teacher.state_dict()})
             teacher.eval().requires_grad_(False)
