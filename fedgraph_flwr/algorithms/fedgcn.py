@@ -60,7 +60,7 @@ from ..nn.fedgcn_net import AggreGCN
 from ..nn.gcn import GCN
 from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import FedAvgAggregator
-from .fedgnn import hash_ids
+from .fedgnn import hash_ids, rows_by_node
 from .options import ConfigError, Options, option
 from .supervised import (
     EVALUATE_POINTS,
@@ -223,15 +223,9 @@ class FedGCNAggregator(FedAvgAggregator):
         uploads = {c: u.arrays for c, u in sorted(updates.items()) if "sums" in u.arrays}
         if not uploads:
             return None
-        hashes, inverse = np.unique(np.concatenate(
-            [np.asarray(a["node_hash"], np.int64) for a in uploads.values()]), return_inverse=True)
+        hashes, inverse, self.rows = rows_by_node({c: a["node_hash"] for c, a in uploads.items()})
         sums = np.concatenate([np.asarray(a["sums"], np.float64) for a in uploads.values()])
         total = torch.zeros(hashes.size, sums.shape[1], dtype=torch.float64).index_add_(
             0, torch.as_tensor(inverse), torch.as_tensor(sums))
         self.total = total.numpy()
-        offset = 0
-        for c, arrays in uploads.items():
-            n = np.asarray(arrays["node_hash"]).size
-            self.rows[c] = inverse[offset:offset + n]
-            offset += n
         return AggregateResult(payloads={}, metrics={"nodes": float(hashes.size)})

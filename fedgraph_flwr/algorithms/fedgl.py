@@ -79,7 +79,7 @@ from torch_geometric.utils import add_remaining_self_loops, coalesce
 from ..nn.gcn import GCN
 from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .fedgnn import hash_ids
+from .fedgnn import hash_ids, rows_by_node
 from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def fuse(uploads: dict[int, tuple[np.ndarray, np.ndarray]], rate: str, threshold
     ids = sorted(uploads)
     sizes = np.array([uploads[c][0].size for c in ids], dtype=np.float64)
     rates = sizes / sizes.sum() if rate == "sampling-rate" else np.ones(len(ids))
-    hashes, inverse = np.unique(np.concatenate([uploads[c][0] for c in ids]), return_inverse=True)
+    hashes, inverse, rows = rows_by_node({c: uploads[c][0] for c in ids})
     index = torch.as_tensor(inverse, dtype=torch.long)
     logits = torch.cat([torch.as_tensor(uploads[c][1], dtype=torch.float64) for c in ids])
     holder_rate = torch.as_tensor(np.repeat(rates, sizes.astype(np.int64)))
@@ -153,8 +153,6 @@ def fuse(uploads: dict[int, tuple[np.ndarray, np.ndarray]], rate: str, threshold
                          torch.full((num,), NO_LABEL, dtype=torch.long))
     embedding = torch.zeros(num, classes, dtype=torch.float64).index_add_(
         0, index, holder_rate[:, None] * logits) / weight[:, None]
-    offsets = np.concatenate(([0], np.cumsum(sizes.astype(np.int64))))
-    rows = {c: inverse[offsets[i]:offsets[i + 1]] for i, c in enumerate(ids)}
     return Fusion(hashes, rows, labels, embedding)
 
 
@@ -340,8 +338,6 @@ class FedGLAggregator(FedAvgAggregator):
 
     def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
-        if config.gnn != "gcn":
-            raise ConfigError("fedgl trains a GCN (gnn=gcn)")
         self.outgoing: dict[int, Arrays] = {}  # this round's refreshed labels, by client
         self.kept: dict[int, Arrays] = {}  # fedgl-labels=first: what each client got first
 

@@ -157,6 +157,17 @@ def hash_ids(ids: np.ndarray, salt: str) -> np.ndarray:
     return out.view(np.int64)
 
 
+def rows_by_node(hashes: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+    """Match clients' node hashes: the distinct hashes [U] (sorted), every uploaded node's
+    row among them (the clients' arrays concatenated in sorted client order), and each
+    client's rows [n_c] in its own order."""
+    ids = sorted(hashes)
+    unique, inverse = np.unique(np.concatenate([np.asarray(hashes[c], np.int64) for c in ids]),
+                                return_inverse=True)
+    ends = np.cumsum([np.asarray(hashes[c]).size for c in ids])
+    return unique, inverse, dict(zip(ids, np.split(inverse, ends[:-1])))
+
+
 # --- the server's matching -------------------------------------------------------------------
 def empty_expansion(hidden: int) -> Arrays:
     """The EXPAND payload with no foreign neighbours (``hidden``-wide embeddings)."""
