@@ -51,6 +51,18 @@ from fedgraph_flwr.engine.protocols import best_val_index
 #: scores step 2 only, so ``compare`` also scores OpenFGL's step-2 rounds alone.
 OPENFGL_ADAFGL_STEP1 = 50
 
+#: Common keys a row of ours is named by where they differ from OpenFGL's default (dropout:
+#: FedDEP's row without it, as OpenFGL's classifier trains in eval mode).
+NAMED_COMMON = {"dropout": 0.5}
+
+#: ``run --fix``: OpenFGL defects the harness can mend, one at a time, to measure what each
+#: costs (the fixed run's row names it).
+FIXES = {
+    "feddep-train-mode": "FedDEP's classifier rounds never call model.train(), so after each "
+                         "round's evaluation the classifier trains in eval mode (no dropout); "
+                         "call it before each client's round",
+}
+
 #: OpenFGL's algorithm names that differ from this project's; the others are the same.
 RENAMED = {"fedsage_plus": "fedsage"}
 
@@ -79,6 +91,9 @@ def run_openfgl(argv: list[str]) -> int:
                         help="set entries of the method's own config dict "
                              "(openfgl.flcore.<algorithm>.<algorithm>_config.config): OpenFGL's "
                              "switches, for an ablation; the row names them")
+    parser.add_argument("--fix", nargs="*", default=[], choices=sorted(FIXES),
+                        help="harness-side fixes of OpenFGL defects, to trace a gap (the row "
+                             "names them): " + "; ".join(f"{k}: {v}" for k, v in FIXES.items()))
     args = parser.parse_args(argv)
     overrides = {}
     for item in args.config:
@@ -98,6 +113,20 @@ def run_openfgl(argv: list[str]) -> int:
     from openfgl.flcore.trainer import FGLTrainer
     from openfgl.utils.basic_utils import seed_everything
 
+    if args.algorithm == "feddep":
+        # PyG 2.8's BaseTransform.forward is abstract; OpenFGL 1.1.0's HideGraph predates it
+        # and defines only __call__: forward = its __call__, behaviour unchanged.
+        from openfgl.flcore.feddep._utils import HideGraph
+        HideGraph.forward, HideGraph.__abstractmethods__ = HideGraph.__call__, frozenset()
+    if "feddep-train-mode" in args.fix:
+        from openfgl.flcore.feddep.client import FedDEPClient
+        execute = FedDEPClient.execute
+
+        def execute_in_train_mode(self):
+            self.task.model.train()
+            return execute(self)
+
+        FedDEPClient.execute = execute_in_train_mode
     torch.set_num_threads(1)
     fgl.root, fgl.dataset, fgl.scenario = args.root, [args.dataset], "subgraph_fl"
     fgl.simulation_mode, fgl.num_clients, fgl.num_rounds = args.simulation, args.clients, args.rounds
@@ -152,7 +181,8 @@ def run_openfgl(argv: list[str]) -> int:
     args.out.write_text(json.dumps({
         "library": "openfgl", "algorithm": args.algorithm, "seed": args.seed, "rounds": args.rounds,
         "dataset": args.dataset, "simulation": args.simulation, "clients": args.clients,
-        "wall_s": wall, "round_s": round_s, "per_round": per_round, "config": overrides,
+        "wall_s": wall, "round_s": round_s, "per_round": per_round,
+        "config": {**overrides, **({"fix": ",".join(args.fix)} if args.fix else {})},
         "openfgl_best": {k: float(v) for k, v in trainer.evaluation_result.items()}}))
     print(f"{args.algorithm} seed {args.seed}: OpenFGL's best test {trainer.evaluation_result}, "
           f"{wall:.1f} s")
@@ -248,6 +278,8 @@ def compare(argv: list[str]) -> int:
             defaults = get_algorithm(config["algorithm"]).config_defaults
             library += "".join(f", {k}={config[k]}" for k in sorted(defaults)
                                if k in config and config[k] != defaults[k])
+        library += "".join(f", {k}={config[k]}" for k, v in NAMED_COMMON.items()
+                           if k in config and config[k] != v)
         rows.setdefault((config["algorithm"], int(config["num-clients"]), library), []).append(row)
 
     def cell(values: list[float]) -> str:

@@ -7,6 +7,7 @@ from . import (
     fedaux,
     fedavg,
     feddc,
+    feddep,
     fedgcn,
     fedgl,
     fedgnn,
@@ -58,5 +59,6 @@ register("fedtad", fedtad.FedTADTrainer, fedtad.FedTADAggregator, fedtad.FedTADO
 register("fgssl", fgssl.FGSSLTrainer, fgssl.FGSSLAggregator, fgssl.FGSSLOptions)
 register("fedgl", fedgl.FedGLTrainer, fedgl.FedGLAggregator, fedgl.FedGLOptions)
 register("fedgcn", fedgcn.FedGCNTrainer, fedgcn.FedGCNAggregator, fedgcn.FedGCNOptions)
+register("feddep", feddep.FedDEPTrainer, feddep.FedDEPAggregator, feddep.FedDEPOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]
