@@ -318,3 +318,30 @@ def test_flower_simulation_smoke_matches_inprocess(tmp_path, synthetic_root):
         "feddep-gen-rounds": 1, "feddep-emb-dim": 16, "feddep-encoder-epochs": 5,
         "feddep-pretrain-steps": 20, "feddep-gen-optimizer": "adam", "feddep-gen-lr": 0.01,
         "data-root": str(synthetic_root)}, tmp_path, num_supernodes=3)
+
+
+@pytest.mark.slow
+def test_finished_generator_stage_sends_no_messages_and_changes_no_number(tmp_path, synthetic_root,
+                                                                          monkeypatch):
+    """After the generator rounds the aggregator skips gen_send/gen_grad/gen_step
+    (``runs_phase``): each classifier round is one exchange, not four, and every figure
+    equals the run that still sends them (their handlers are no-ops then)."""
+    config = {"algorithm": "feddep", "dataset": "SBM", "num-clients": 3, "rounds": 3,
+              "hidden": 16, "feddep-gen-rounds": 1, "feddep-emb-dim": 16,
+              "feddep-encoder-epochs": 3, "feddep-pretrain-steps": 5,
+              "data-root": str(synthetic_root), "output-dir": str(tmp_path), "verbose": False}
+    skipped = run_federation(config, write=False)
+    monkeypatch.setattr(FedDEPAggregator, "runs_phase", lambda self, phase, server_round: True)
+    sent = run_federation(config, write=False)
+    for a, b in zip(skipped["rounds"], sent["rounds"]):
+        for c in a["clients"]:  # NaN in the generator round: assert_equal treats them equal
+            np.testing.assert_equal(
+                [a["clients"][c][k] for k in ("val_metric", "test_metric", "train_loss")],
+                [b["clients"][c][k] for k in ("val_metric", "test_metric", "train_loss")])
+    assert skipped["final"]["test_at_best_val"] == sent["final"]["test_at_best_val"]
+    def total(r):
+        return sum(r["bytes_sent"].values())
+
+    assert total(skipped["rounds"][0]) == total(sent["rounds"][0])
+    for a, b in zip(skipped["rounds"][1:], sent["rounds"][1:]):
+        assert total(a) < total(b)

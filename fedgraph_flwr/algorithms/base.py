@@ -20,9 +20,11 @@ server's step sees that phase's replies. For each phase the engine does::
 
 ``when="before-first-round"`` phases run once, before round 1 (as round 0), on every
 client; ``"every-round"`` phases run each round, in declaration order, on the round's
-sampled clients. The ``train`` phase is special in three ways: it is always last,
-its request is the client's personalized payload from the last aggregation (the
-initial model before), and its client handler is the standard one::
+sampled clients, except in rounds where ``aggregator.runs_phase(phase, server_round)``
+says the phase has nothing to do (a finished stage: no message is sent). The ``train``
+phase is special in three ways: it is always last, its request is the client's
+personalized payload from the last aggregation (the initial model before), and its
+client handler is the standard one::
 
     trainer.load_payload(payload)             # the server's personalized arrays
     metrics = trainer.train(local_epochs) | trainer.evaluate()
@@ -269,6 +271,12 @@ class Aggregator(ABC):
             return next(k for k in cls.__mro__ if attr in vars(k))
         plan_owner = owner("mixing_plan")
         return plan_owner is not Aggregator and issubclass(plan_owner, owner("aggregate"))
+
+    def runs_phase(self, phase: Phase, server_round: int) -> bool:
+        """Whether the every-round, non-train ``phase`` is exchanged in ``server_round``.
+        An algorithm whose phase is a no-op in some rounds (a stage that is over) says so
+        here, and the engine sends no message for it: a round trip to every client saved."""
+        return True
 
     def configure(self, phase: Phase, server_round: int, clients: list[int]) -> dict[int, Arrays]:
         """A non-train phase's request to each of ``clients`` (default: nothing)."""

@@ -724,6 +724,12 @@ class FedSageAggregator(Aggregator):
             return out
         return super().configure(phase, server_round, clients)
 
+    def runs_phase(self, phase: Phase, server_round: int) -> bool:
+        """The generator phases only in the generator rounds (1..``gen-rounds``)."""
+        if phase in (GEN_SEND, GEN_GRAD, GEN_STEP):
+            return 1 <= server_round <= self.options.gen_rounds
+        return True
+
     def _foreign_vectors(self, j: int) -> Arrays:
         """Every other sender's vectors stacked for client j, with each row's source."""
         senders = [m for m in sorted(self.outbox) if m != j and VECTORS in self.outbox[m]

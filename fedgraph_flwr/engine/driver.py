@@ -142,7 +142,7 @@ class RoundDriver:
         failures: dict[int, str] = {}
         earlier: list[tuple[Phase, dict[int, ClientReply], AggregateResult | None]] = []
         active = list(sampled)
-        for phase in fed.phases_when("every-round"):
+        for phase in fed.round_phases(server_round):
             exchange, phase_sent = self.send(fed, phase, server_round, active, deadline)
             for cid, b in phase_sent.items():
                 sent[cid] = sent.get(cid, 0) + b

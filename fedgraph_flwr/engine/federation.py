@@ -94,6 +94,12 @@ class Federation:
         """The algorithm's phases that run ``when`` (every-round or before-first-round)."""
         return [p for p in self.phases if p.when == when]
 
+    def round_phases(self, server_round: int) -> list[Phase]:
+        """The every-round phases exchanged in ``server_round``: those the aggregator
+        does not skip there, and the train phase (always, last)."""
+        return [p for p in self.phases_when("every-round")
+                if p.name == "train" or self.aggregator.runs_phase(p, server_round)]
+
     # --- what the server sends ----------------------------------------------------
     def client_config(self, server_round: int) -> ClientConfig:
         """What a client is told: the keys it and its algorithm read, plus what the
