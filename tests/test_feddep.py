@@ -16,13 +16,6 @@ from torch_geometric.utils import to_undirected
 
 from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.feddep import (
-    CONTRIBUTORS,
-    GEN_GRAD,
-    GEN_SEND,
-    GEN_STEP,
-    PRETRAIN,
-    SLOTS,
-    VECTORS,
     FedDEPAggregator,
     FedDEPTrainer,
     Preparation,
@@ -31,6 +24,15 @@ from fedgraph_flwr.algorithms.feddep import (
     hidden_neighbours,
     local_slots,
     reconstruction_loss,
+)
+from fedgraph_flwr.algorithms.fedsage import (
+    CONTRIBUTORS,
+    GEN_GRAD,
+    GEN_SEND,
+    GEN_STEP,
+    PRETRAIN,
+    SLOTS,
+    VECTORS,
 )
 from fedgraph_flwr.config import resolve_config
 from fedgraph_flwr.engine.client_runtime import state_from_bytes, state_to_bytes

@@ -111,27 +111,23 @@ from ..nn.dec_clustering import dec_clusters
 from ..nn.feddep_classifier import BRANCHES, DepClassifier
 from ..nn.feddep_encoder import EmbeddingEncoder, sample_in_edges
 from ..nn.feddep_generator import DepGenerator, mended_mean
-from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, MixingPlan, PhaseReply
+from .base import AggregateResult, Arrays, ClientUpdate, MixingPlan, PhaseReply
 from .fedavg import WEIGHTINGS, client_weights, weighted_average
 from .fedsage import (
     CONTRIBUTORS,
-    GEN_GRAD,
-    GEN_SEND,
-    GEN_STEP,
     GRADS,
-    PRETRAIN,
     SLOTS,
     VECTORS,
     FedSageAggregator,
+    GeneratorRelayTrainer,
     greedy_feature_loss,
     simple_edges,
 )
 from .options import Options, option
-from .supervised import OPTIMIZERS, ChoosesOptimizer, SupervisedTrainer, evaluation_metrics
+from .supervised import OPTIMIZERS, ChoosesOptimizer, evaluation_metrics
 
 if TYPE_CHECKING:
     from ..config import ClientConfig
-    from .base import Phase
 
 FED_TRAIN = ("gen", "all")
 FED_STEP = ("twice", "once")
@@ -289,12 +285,11 @@ class GeneratorPass:
 
 
 # --- the client -------------------------------------------------------------------------------
-class FedDEPTrainer(ChoosesOptimizer, SupervisedTrainer):
+class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
     """Embeddings, prototypes and the generator on the client; then the classifier with z̄."""
 
     options_class = FedDEPOptions
     options: FedDEPOptions
-    phases = (PRETRAIN, GEN_SEND, GEN_GRAD, GEN_STEP, TRAIN_PHASE)
     #: The paper's protocol relays generated neighbour embeddings and their gradients per node.
     per_node_arrays = frozenset({VECTORS, SLOTS, GRADS})
 
@@ -315,10 +310,6 @@ class FedDEPTrainer(ChoosesOptimizer, SupervisedTrainer):
                              config.num_layers, config.dropout, opts.emb_branch)
 
     # --- stage bookkeeping ------------------------------------------------------------------
-    def generator_round(self) -> bool:
-        """Whether this round belongs to the federated generator stage."""
-        return 1 <= self.config.server_round <= self.options.gen_rounds
-
     def _build_generator(self) -> None:
         opts = self.options
         self.generator = DepGenerator(self.data.num_features, self.num_classes, opts.emb_dim,
@@ -411,12 +402,6 @@ class FedDEPTrainer(ChoosesOptimizer, SupervisedTrainer):
         self.generator.gen.requires_grad_(True)
         return [p for p in self.generator.parameters() if p.requires_grad]
 
-    def _seeded_pass(self, seed: int) -> GeneratorPass:
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            return self._generator_pass()
-
     def _sent_rows(self, out: GeneratorPass) -> torch.Tensor:
         """The impaired graph's nodes with ⌊n̂⌋ > 0 (what gen_send sends)."""
         return (cross_slots(out.degree, self.options.num_pred) > 0).nonzero().view(-1)
@@ -438,21 +423,6 @@ class FedDEPTrainer(ChoosesOptimizer, SupervisedTrainer):
         return prep.prototypes[torch.where(filled, drawn, own)]
 
     # --- phases -----------------------------------------------------------------------------
-    def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
-        """Pre-training and the federated generator phases (send, gradients, step)."""
-        if phase == PRETRAIN:
-            return PhaseReply(metrics=self._ensure_generator())
-        if not self.generator_round():
-            return PhaseReply()  # the generator stage is over: a no-op
-        self._ensure_generator()
-        if phase == GEN_SEND:
-            return self._send_vectors()
-        if phase == GEN_GRAD:
-            return self._answer_vectors(arrays)
-        if phase == GEN_STEP:
-            return self._generator_step(arrays)
-        return super().run_phase(phase, arrays)
-
     def _send_vectors(self) -> PhaseReply:
         self._fed_mode()
         self.gen_seed = int(torch.randint(2**31 - 1, ()))

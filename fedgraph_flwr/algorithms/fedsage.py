@@ -358,12 +358,64 @@ class GeneratorPass:
     class_loss: torch.Tensor
 
 
-class FedSageTrainer(SupervisedTrainer):
+class GeneratorRelayTrainer(SupervisedTrainer):
+    """The client side of FedSage+'s generator relay, which FedDEP shares: pre-training
+    before round 1, then in rounds 1..``gen-rounds`` send, answer and step; after that the
+    relay phases are no-ops. Subclasses define ``_ensure_generator`` (pre-train, unless
+    done; returns metrics), ``_generator_pass`` (one forward with its losses) and the three
+    handlers ``_send_vectors``, ``_answer_vectors`` and ``_generator_step``."""
+
+    phases = (PRETRAIN, GEN_SEND, GEN_GRAD, GEN_STEP, TRAIN_PHASE)
+    options: Any  # the algorithm's options: they have ``gen_rounds``
+
+    def generator_round(self) -> bool:
+        """Whether this round belongs to the federated generator stage."""
+        return 1 <= self.config.server_round <= self.options.gen_rounds
+
+    def _seeded_pass(self, seed: int) -> Any:
+        """``_generator_pass`` with its noise and dropout drawn from ``seed`` (gen_send's
+        forward, recomputed by gen_step), leaving the global stream as it was."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._generator_pass()
+
+    def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
+        """Pre-training and the federated generator phases (send, gradients, step)."""
+        if phase == PRETRAIN:
+            return PhaseReply(metrics=self._ensure_generator())
+        if not self.generator_round():
+            return PhaseReply()  # the generator stage is over: a no-op
+        self._ensure_generator()
+        if phase == GEN_SEND:
+            return self._send_vectors()
+        if phase == GEN_GRAD:
+            return self._answer_vectors(arrays)
+        if phase == GEN_STEP:
+            return self._generator_step(arrays)
+        return super().run_phase(phase, arrays)
+
+    def _ensure_generator(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _generator_pass(self) -> Any:
+        raise NotImplementedError
+
+    def _send_vectors(self) -> PhaseReply:
+        raise NotImplementedError
+
+    def _answer_vectors(self, arrays: Arrays) -> PhaseReply:
+        raise NotImplementedError
+
+    def _generator_step(self, arrays: Arrays) -> PhaseReply:
+        raise NotImplementedError
+
+
+class FedSageTrainer(GeneratorRelayTrainer):
     """NeighGen stages on the client, then the GraphSAGE classifier on the mended graph."""
 
     options_class = FedSageOptions
     options: FedSageOptions
-    phases = (PRETRAIN, GEN_SEND, GEN_GRAD, GEN_STEP, TRAIN_PHASE)
     #: The paper's protocol relays generated neighbour features and their gradients per node.
     per_node_arrays = frozenset({VECTORS, SLOTS, TRUE_COUNTS, GRADS})
 
@@ -386,15 +438,6 @@ class FedSageTrainer(SupervisedTrainer):
                               dropout=config.dropout)
 
     # --- stage bookkeeping ------------------------------------------------------------------
-    @property
-    def server_round(self) -> int:
-        """This round's number."""
-        return self.config.server_round
-
-    def generator_round(self) -> bool:
-        """Whether this round belongs to the federated NeighGen stage."""
-        return 1 <= self.server_round <= self.options.gen_rounds
-
     @property
     def impaired(self) -> ImpairedGraph:
         """The impaired graph NeighGen learns to mend (hidden validation nodes removed)."""
@@ -484,32 +527,11 @@ class FedSageTrainer(SupervisedTrainer):
         self.neighgen.fgen.requires_grad_(True)
         return list(self.neighgen.fgen.parameters())
 
-    def _seeded_pass(self, seed: int) -> GeneratorPass:
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            return self._generator_pass()
-
     def _sent_rows(self, out: GeneratorPass) -> torch.Tensor:
         """The impaired graph's training nodes with a counted slot (what gen_send sends)."""
         return (self.impaired.train_mask[out.rows] & (out.slots > 0)).nonzero().view(-1)
 
     # --- phases -----------------------------------------------------------------------------
-    def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
-        """NeighGen pre-training and the federated generator phases (send, gradients, step)."""
-        if phase == PRETRAIN:
-            return PhaseReply(metrics=self._ensure_generator())
-        if not self.generator_round():
-            return PhaseReply()  # the generator stage is over: a no-op
-        self._ensure_generator()
-        if phase == GEN_SEND:
-            return self._send_vectors()
-        if phase == GEN_GRAD:
-            return self._answer_vectors(arrays)
-        if phase == GEN_STEP:
-            return self._generator_step(arrays)
-        return super().run_phase(phase, arrays)
-
     def _send_vectors(self) -> PhaseReply:
         self._fed_mode()
         self.gen_seed = int(torch.randint(2**31 - 1, ()))
