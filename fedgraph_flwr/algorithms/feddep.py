@@ -309,7 +309,7 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
         return DepClassifier(num_features, opts.emb_dim, config.hidden, num_classes,
                              config.num_layers, config.dropout, opts.emb_branch)
 
-    # --- stage bookkeeping ------------------------------------------------------------------
+    # --- the generator: preparation, passes and losses ---------------------------------------
     def _build_generator(self) -> None:
         opts = self.options
         self.generator = DepGenerator(self.data.num_features, self.num_classes, opts.emb_dim,
