@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from test_fedsage import _graph  # FedSage+'s test graph: the relay's tests share it
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
@@ -47,21 +47,6 @@ from helpers import simulation_equals_in_process
 CPU = torch.device("cpu")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _graph(n: int = 60, d: int = 6, seed: int = 0, degree: int = 6) -> Data:
-    """Three classes, features shifted by class, a random graph of mean degree ~2·degree;
-    train/val/test = 1/3 each."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 3, (n,), generator=g)
-    x = torch.rand(n, d, generator=g) * 0.5 + F.one_hot(y, 3).repeat(1, d // 3 + 1)[:, :d] * 0.5
-    edge_index = to_undirected(torch.randint(0, n, (2, degree * n), generator=g))
-    perm = torch.randperm(n, generator=g)
-    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
-    for mask, part in zip(masks, (perm[: n // 3], perm[n // 3: 2 * n // 3], perm[2 * n // 3:])):
-        mask[part] = True
-    return Data(x=x, y=y, edge_index=edge_index, train_mask=masks[0], val_mask=masks[1],
-                test_mask=masks[2])
 
 
 def _config(**extra):
