@@ -23,6 +23,7 @@ from . import (
     fedstar,
     fedtad,
     fedtgp,
+    fggp,
     fgssl,
     gcfl,
     local,
@@ -60,5 +61,6 @@ register("fgssl", fgssl.FGSSLTrainer, fgssl.FGSSLAggregator, fgssl.FGSSLOptions)
 register("fedgl", fedgl.FedGLTrainer, fedgl.FedGLAggregator, fedgl.FedGLOptions)
 register("fedgcn", fedgcn.FedGCNTrainer, fedgcn.FedGCNAggregator, fedgcn.FedGCNOptions)
 register("feddep", feddep.FedDEPTrainer, feddep.FedDEPAggregator, feddep.FedDEPOptions)
+register("fggp", fggp.FGGPTrainer, fggp.FGGPAggregator, fggp.FGGPOptions)
 
 __all__ = ["ALGORITHMS", "Algorithm", "ConfigError", "Options", "get_algorithm", "option", "register"]

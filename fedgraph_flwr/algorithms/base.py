@@ -177,6 +177,11 @@ class ClientTrainer(ABC):
     #: invariant's exemption, module docstring). Empty for every method of ours.
     per_node_arrays: ClassVar[frozenset[str]] = frozenset()
 
+    #: Whether the trainer allocates dense [n, n] matrices (n: the client's nodes) by the
+    #: method's own published design: the memory rule's named exemption, with a size guard.
+    #: False for every method but FGGP.
+    dense_nodes: ClassVar[bool] = False
+
     #: Whether the trainer reads the client's 1-hop halo (``data.halo_global_id``,
     #: ``data.halo_edge_index``: global ids of other clients' nodes); other trainers' data
     #: comes without it.
