@@ -82,7 +82,7 @@ projection head, the server prototypes' other uses), which never reach the loss.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -248,6 +248,14 @@ def cluster_class_prototypes(prototypes: np.ndarray) -> list[tuple[int, np.ndarr
     return clustered
 
 
+def unsent_classifier(config: ClientConfig) -> str | None:
+    """The name prefix of the parameters the official flavour never sends (its classifier,
+    the last linear), or None (OpenFGL's flavour sends everything)."""
+    if config.options_of(FGGPOptions).flavour != "official":
+        return None
+    return f"fcs.{config.num_layers - 1}."
+
+
 @dataclass
 class SecondView:
     """The second view's graph: its edges and what each flavour builds from them."""
@@ -278,7 +286,6 @@ class FGGPTrainer(SupervisedTrainer):
         self.propagation = (gcn_propagation(edge_index, n) if self.official
                             else raw_adjacency(edge_index, n))
         self.view: SecondView | None = None
-        self.view_edges: torch.Tensor | None = None
         self.queue: torch.Tensor | None = None
         self.queue_labels: torch.Tensor | None = None
         self.local_prototypes = torch.zeros(num_classes, config.hidden, device=device)
@@ -300,15 +307,15 @@ class FGGPTrainer(SupervisedTrainer):
 
     def is_local(self, name: str) -> bool:
         """The official flavour's classifier (the last linear) is never sent."""
-        return self.official and name.startswith(f"fcs.{self.config.num_layers - 1}.")
+        prefix = unsent_classifier(self.config)
+        return prefix is not None and name.startswith(prefix)
 
     @classmethod
     def initial_arrays(cls, num_features: int, num_classes: int, config: ClientConfig) -> Arrays:
         """The seeded model (less the official classifier) and zero prototypes."""
         torch.manual_seed(config.seed)
         model = cls.build_model(num_features, num_classes, config)
-        official = config.options_of(FGGPOptions).flavour == "official"
-        unsent = f"fcs.{config.num_layers - 1}." if official else None
+        unsent = unsent_classifier(config)
         arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
                   if unsent is None or not k.startswith(unsent)}
         arrays[PROTOTYPES_KEY] = np.zeros((num_classes, config.hidden), np.float32)
@@ -335,17 +342,15 @@ class FGGPTrainer(SupervisedTrainer):
                 PROTOTYPES_KEY: self.local_prototypes.cpu().numpy().astype(np.float32)}
 
     def local_state(self) -> dict[str, Any]:
-        """Model, optimizer, the view's edges, the queue and the prototypes."""
-        return {**super().local_state(), "view_edges": self.view_edges, "queue": self.queue,
-                "queue_labels": self.queue_labels, "local_prototypes": self.local_prototypes}
+        """Model, optimizer, the view's edges and the prototypes (the queue comes with
+        every payload)."""
+        return {**super().local_state(), "local_prototypes": self.local_prototypes,
+                "view_edges": None if self.view is None else self.view.edge_index}
 
     def load_local_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`local_state` returned in the previous round."""
         super().load_local_state(state)
         self.local_prototypes = state["local_prototypes"].to(self.device)
-        for name in ("queue", "queue_labels"):
-            value = state[name]
-            setattr(self, name, None if value is None else value.to(self.device))
         if state["view_edges"] is not None:
             self.set_view(state["view_edges"].to(self.device))
 
@@ -355,23 +360,26 @@ class FGGPTrainer(SupervisedTrainer):
         n = self.data.num_nodes
         adjacency = torch.zeros(n, n, device=self.device)
         adjacency[edge_index[0], edge_index[1]] = 1.0
-        self.view_edges = edge_index
         self.view = SecondView(
             edge_index, adjacency,
             row_normalised(edge_index, n) if self.official else None,
             gcn_propagation(edge_index, n) if self.official else None)
 
-    def refresh_view(self) -> None:
-        """The view's edges from the received model's features (module docstring)."""
+    def hidden_features(self) -> torch.Tensor:
+        """[n, hidden] in the model's current mode: PMLP_GCN's ``features()`` (official),
+        or the hidden layer after dropout (OpenFGL's model)."""
         data = self.data
+        if self.official:
+            return self.model.features(data.x, self.propagation)
+        return self.model(data.x, self.propagation)[0]
+
+    def refresh_view(self) -> None:
+        """The view's edges from the received model's features: in train mode as the
+        official ``global_net``, in eval mode as OpenFGL's."""
+        self.model.train(self.official)
         with torch.no_grad():
-            if self.official:  # train mode, as the official global_net
-                self.model.train()
-                features = self.model.features(data.x, self.propagation)
-            else:
-                self.model.eval()
-                features, _ = self.model(data.x, self.propagation)
-        self.set_view(knn_view_edges(features, data.edge_index, self.options.knn_k))
+            features = self.hidden_features()
+        self.set_view(knn_view_edges(features, self.data.edge_index, self.options.knn_k))
 
     # --- training ----------------------------------------------------------------------------
     def build_optimizer(self) -> torch.optim.Optimizer:
@@ -480,13 +488,10 @@ class FGGPTrainer(SupervisedTrainer):
         if self.queue is None or self.queue_labels is None:  # round 1: no queue yet, all 0
             return evaluation_metrics(torch.zeros(data.num_nodes, self.num_classes,
                                                   device=self.device), data, self.metric)
-        features = (self.model.features(data.x, self.propagation) if self.official
-                    else self.model(data.x, self.propagation)[0])
-        scores = queue_scores(features, self.queue, self.queue_labels, self.num_classes,
+        scores = queue_scores(self.hidden_features(), self.queue, self.queue_labels, self.num_classes,
                               self.options.queue_k, self.options.queue_temperature)
         return evaluation_metrics(scores.log(), data, self.metric)
 
-    @torch.no_grad()
     def forward(self) -> torch.Tensor:
         """The model's logits over the client's graph."""
         out = self.model(self.data.x, self.propagation)
@@ -532,8 +537,8 @@ class FGGPAggregator(FedAvgAggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """The models' average and the queue, updated with this round's clusters."""
         ids = sorted(updates)
-        models = {c: ClientUpdate({k: v for k, v in updates[c].arrays.items() if k != PROTOTYPES_KEY},
-                                  updates[c].signature, updates[c].num_train) for c in ids}
+        models = {c: replace(updates[c], arrays={k: v for k, v in updates[c].arrays.items()
+                                                 if k != PROTOTYPES_KEY}) for c in ids}
         global_arrays = weighted_average(models, "train", self.mix_dtype)
         prototypes = np.stack([np.asarray(updates[c].arrays[PROTOTYPES_KEY], np.float64) for c in ids])
         clustered = cluster_class_prototypes(prototypes)
