@@ -358,6 +358,12 @@ class GeneratorPass:
     class_loss: torch.Tensor
 
 
+def in_generator_stage(server_round: int, gen_rounds: int) -> bool:
+    """Whether ``server_round`` belongs to the federated generator stage (1..``gen_rounds``):
+    the clients' relay handlers and the server's phase schedule both ask this."""
+    return 1 <= server_round <= gen_rounds
+
+
 class GeneratorRelayTrainer(SupervisedTrainer):
     """The client side of FedSage+'s generator relay, which FedDEP shares: pre-training
     before round 1, then in rounds 1..``gen-rounds`` send, answer and step; after that the
@@ -370,7 +376,7 @@ class GeneratorRelayTrainer(SupervisedTrainer):
 
     def generator_round(self) -> bool:
         """Whether this round belongs to the federated generator stage."""
-        return 1 <= self.config.server_round <= self.options.gen_rounds
+        return in_generator_stage(self.config.server_round, self.options.gen_rounds)
 
     def _seeded_pass(self, seed: int) -> Any:
         """``_generator_pass`` with its noise and dropout drawn from ``seed`` (gen_send's
@@ -749,7 +755,7 @@ class FedSageAggregator(Aggregator):
     def runs_phase(self, phase: Phase, server_round: int) -> bool:
         """The generator phases only in the generator rounds (1..``gen-rounds``)."""
         if phase in (GEN_SEND, GEN_GRAD, GEN_STEP):
-            return 1 <= server_round <= self.options.gen_rounds
+            return in_generator_stage(server_round, self.options.gen_rounds)
         return True
 
     def _foreign_vectors(self, j: int) -> Arrays:
