@@ -204,6 +204,12 @@ def test_a_client_over_the_dense_limit_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_a_one_layer_model_is_refused_in_one_line():
+    """The prototypes are a hidden layer's: num-layers=1 is a configuration error."""
+    with pytest.raises(ConfigError, match="fggp needs num-layers >= 2"):
+        FGGPTrainer.initial_arrays(6, 3, _config(**{"num-layers": 1}))
+
+
 def test_aggregator_queues_normalised_centres_in_a_ring():
     cfg = resolve_config(None, {"algorithm": "fggp", "dataset": "SBM", "hidden": 4,
                                 "fggp-queue-size": 1})

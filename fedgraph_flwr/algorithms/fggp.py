@@ -297,6 +297,8 @@ class FGGPTrainer(SupervisedTrainer):
     @classmethod
     def build_model(cls, num_features: int, num_classes: int, config: ClientConfig) -> nn.Module:
         """PMLP_GCN with its augmenter (official), or OpenFGL's raw-adjacency GCN."""
+        if config.num_layers < 2:  # the prototypes are a hidden layer's
+            raise ConfigError(f"fggp needs num-layers >= 2 (got {config.num_layers})")
         opts = config.options_of(FGGPOptions)
         if opts.flavour == "official":
             return PMLPGCN(num_features, config.hidden, num_classes, num_layers=config.num_layers,
@@ -514,8 +516,6 @@ class FGGPAggregator(FedAvgAggregator):
 
     def __init__(self, config: RunConfig, client_ids: list[int], initial: Arrays) -> None:
         super().__init__(config, client_ids, initial)
-        if config.num_layers < 2:
-            raise ConfigError(f"fggp needs num-layers >= 2 (got {config.num_layers})")
         num_classes, hidden = initial[PROTOTYPES_KEY].shape
         size = num_classes * self.options.queue_size
         bound = 1.0 / np.sqrt(hidden / 3)
