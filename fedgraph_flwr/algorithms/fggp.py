@@ -97,14 +97,13 @@ from ..nn.pmlp_gcn import PMLPGCN, gcn_propagation, row_normalised
 from .base import AggregateResult, Arrays, ClientUpdate
 from .fedavg import FedAvgAggregator, weighted_average
 from .options import ConfigError, Options, option
-from .supervised import SupervisedTrainer, evaluation_metrics
+from .supervised import OPTIMIZERS, EvaluatesReceivedModel, SupervisedTrainer, evaluation_metrics
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
 
 FLAVOURS = ("official", "openfgl")
 EVALUATIONS = ("queue", "logits")
-OPTIMIZERS = ("sgd", "adam")
 PROTO_KEYS = ("code", "class")
 PROTOTYPES_KEY = "prototypes"
 QUEUE_KEY, QUEUE_LABELS_KEY = "queue", "queue_labels"
@@ -266,7 +265,7 @@ class SecondView:
     propagation: torch.Tensor | None  # official: the classifier's Â over the view's edges
 
 
-class FGGPTrainer(SupervisedTrainer):
+class FGGPTrainer(EvaluatesReceivedModel, SupervisedTrainer):
     """Two views, prototype alignment and graph augmentation (module docstring)."""
 
     options_class = FGGPOptions
@@ -289,7 +288,6 @@ class FGGPTrainer(SupervisedTrainer):
         self.queue: torch.Tensor | None = None
         self.queue_labels: torch.Tensor | None = None
         self.local_prototypes = torch.zeros(num_classes, config.hidden, device=device)
-        self.received_metrics: dict[str, float] | None = None
         # The classifier as seeded (built with the run's seed, like every client's).
         self.initial_classifier = ([p.detach().clone() for p in self.model.fcs[-1].parameters()]
                                    if self.official else [])
@@ -437,8 +435,7 @@ class FGGPTrainer(SupervisedTrainer):
     def train(self, epochs: int) -> dict[str, float]:
         """Rebuild the view when due; ``epochs`` full-batch steps; then the prototypes."""
         opts = self.options
-        if opts.evaluate == "queue":
-            self.received_metrics = self.queue_metrics()
+        self.score_received_model()
         if self.view is None or (self.config.server_round - 1) % opts.knn_every == 0:
             self.refresh_view()
         if opts.optimizer == "sgd":
@@ -499,13 +496,14 @@ class FGGPTrainer(SupervisedTrainer):
         out = self.model(self.data.x, self.propagation)
         return out if self.official else out[1]
 
-    def evaluate(self) -> dict[str, float]:
-        """``queue``: the received model's scores (taken when training began); ``logits``:
-        the local model's classifier."""
-        if self.options.evaluate == "queue":
-            metrics, self.received_metrics = self.received_metrics, None
-            return metrics if metrics is not None else self.queue_metrics()
-        return super().evaluate()
+    def scores_received_model(self) -> bool:
+        """``queue``: the round reports the received model, scored by the queue; ``logits``:
+        the local model's classifier after training."""
+        return self.options.evaluate == "queue"
+
+    def received_model_metrics(self) -> dict[str, float]:
+        """The received model's features scored by the queue."""
+        return self.queue_metrics()
 
 
 class FGGPAggregator(FedAvgAggregator):

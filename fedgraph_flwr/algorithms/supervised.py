@@ -271,8 +271,8 @@ else:
     _MixinBase = object
 
 
-#: The local optimizers a method may offer (its ``optimizer`` option): plain SGD, no momentum,
-#: or :meth:`SupervisedTrainer.build_optimizer`'s Adam.
+#: The local optimizers a method may offer (its ``optimizer`` option): SGD (plain in
+#: :class:`ChoosesOptimizer`) or :meth:`SupervisedTrainer.build_optimizer`'s Adam.
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -291,22 +291,31 @@ class ChoosesOptimizer(_MixinBase):
 
 
 class EvaluatesReceivedModel(_MixinBase):
-    """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm whose
-    options have ``evaluate`` in :data:`EVALUATE_POINTS`: with ``before-train`` the round's
-    metrics describe the model ``train`` received, scored by :meth:`score_received_model`
-    at the start of ``train``."""
+    """Mixin (before :class:`SupervisedTrainer` in the bases) for an algorithm that may report
+    the model ``train`` received rather than the one it trained: when
+    :meth:`scores_received_model` says so (by default ``evaluate=before-train``, one of
+    :data:`EVALUATE_POINTS`), :meth:`score_received_model` at the start of ``train`` keeps
+    :meth:`received_model_metrics`, and the round's ``evaluate`` returns them."""
 
-    options: Any  # the algorithm's options: they have ``evaluate``
+    options: Any  # the algorithm's options: by default they have ``evaluate``
     received_metrics: dict[str, float] | None = None
 
+    def scores_received_model(self) -> bool:
+        """Whether the round's metrics describe the received model."""
+        return bool(self.options.evaluate == "before-train")
+
+    def received_model_metrics(self) -> dict[str, float]:
+        """The received model's metrics: the trainer's own evaluation, by default."""
+        return super().evaluate()
+
     def score_received_model(self) -> None:
-        """With ``evaluate=before-train``, score the received model now."""
-        if self.options.evaluate == "before-train":
-            self.received_metrics = super().evaluate()
+        """Score the received model now, if the round reports it."""
+        if self.scores_received_model():
+            self.received_metrics = self.received_model_metrics()
 
     def evaluate(self) -> dict[str, float]:
-        """The model after local training, or (``before-train``) the one ``train`` received."""
+        """The model after local training, or the one ``train`` received (scored when it began)."""
         if self.received_metrics is not None:
             metrics, self.received_metrics = self.received_metrics, None
             return metrics
-        return super().evaluate()
+        return self.received_model_metrics() if self.scores_received_model() else super().evaluate()
