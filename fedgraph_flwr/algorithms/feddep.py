@@ -114,7 +114,6 @@ from ..nn.feddep_generator import DepGenerator, mended_mean
 from .base import AggregateResult, Arrays, ClientUpdate, MixingPlan, PhaseReply
 from .fedavg import WEIGHTINGS, client_weights, weighted_average
 from .fedsage import (
-    CONTRIBUTORS,
     GRADS,
     SLOTS,
     VECTORS,
@@ -124,7 +123,7 @@ from .fedsage import (
     simple_edges,
 )
 from .options import Options, option
-from .supervised import OPTIMIZERS, ChoosesOptimizer, evaluation_metrics
+from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig
@@ -298,7 +297,7 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
         self.prep: Preparation | None = None
         self.generator: DepGenerator | None = None
         self.gen_optimizer: torch.optim.Optimizer | None = None
-        self.gen_seed: int | None = None  # the forward of this round's gen_send, for gen_step
+        self.gen_seed = None
         self.gen_loss = float("nan")
         self.mend: torch.Tensor | None = None  # [n, e] z̄ once mended
 
@@ -440,11 +439,10 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
 
     def _answer_vectors(self, arrays: Arrays) -> PhaseReply:
         """Client j: the gradient of its reconstruction loss for every foreign vector."""
-        if VECTORS not in arrays:
+        request = self._relayed_vectors(arrays)
+        if request is None:
             return PhaseReply()
-        vectors = torch.as_tensor(arrays[VECTORS], dtype=torch.float32,
-                                  device=self.device).requires_grad_(True)
-        slots = torch.as_tensor(arrays[SLOTS], dtype=torch.long, device=self.device)
+        vectors, slots = request
         num_pred = self.options.num_pred
         if vectors.dim() != 3 or vectors.shape[1:] != (num_pred, self.options.emb_dim):
             raise RuntimeError(f"feddep: relayed vectors {tuple(vectors.shape)}, expected "
@@ -452,20 +450,15 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
         targets = self.cross_targets(vectors.size(0))
         everything = torch.full_like(slots, num_pred)
         per_slot = greedy_feature_loss(vectors, targets, slots, everything, "min")
-        (grads,) = torch.autograd.grad(per_slot.sum(), vectors)
-        counted = max(int(slots.clamp(max=num_pred).sum()), 1)
-        return PhaseReply(arrays={GRADS: grads.cpu().numpy().astype(np.float32)},
-                          metrics={"cross_feat_loss": per_slot.sum().item() / counted})
+        return self._answer(vectors, slots, per_slot)
 
     def _generator_step(self, arrays: Arrays) -> PhaseReply:
         """Client i: recompute gen_send's forward and step with the relayed gradients."""
         opts = self.options
         params = self._fed_mode()
         assert self.gen_optimizer is not None and self.generator is not None and self.prep is not None
-        contributors = int(np.asarray(arrays.get(CONTRIBUTORS, [0])).reshape(-1)[0])
-        if self.gen_seed is None:  # no gen_send this round: a local step only
-            self.gen_seed, contributors, arrays = int(torch.randint(2**31 - 1, ())), 0, {}
-        out = self._seeded_pass(self.gen_seed)
+        seed, contributors, arrays = self._step_inputs(arrays)
+        out = self._seeded_pass(seed)
         local = self._local_loss(out)
         scale = 1.0 / (1 + contributors)
         own = torch.autograd.grad(scale * local, params, retain_graph=GRADS in arrays,
@@ -473,10 +466,7 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
         cross: tuple[torch.Tensor | None, ...] = (None,) * len(params)
         if GRADS in arrays:
             rows = self._sent_rows(out)
-            grads = torch.as_tensor(arrays[GRADS], dtype=out.generated.dtype, device=self.device)
-            if grads.shape != (rows.numel(), *out.generated.shape[1:]):
-                raise RuntimeError(f"feddep: relayed gradients {tuple(grads.shape)} do not match "
-                                   f"this round's {rows.numel()} sent nodes")
+            grads = self._relayed_gradients(arrays, out.generated, rows)
             norm = self.prep.keep.numel() * opts.num_pred
             relayed = scale * opts.loss_rec / norm * (out.generated[rows] * grads).sum()
             cross = torch.autograd.grad(relayed, params, allow_unused=True)
@@ -546,15 +536,6 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
                 self.optimizer.step()
                 loss_value = float(loss.detach())
         return {"train_loss": loss_value}
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Scores of the classifier (NaN in generator rounds: never a best round)."""
-        self.model.eval()
-        metrics = evaluation_metrics(self.forward(), self.data, self.metric)
-        if self.generator_round():
-            return {k: float("nan") for k in metrics}
-        return metrics
 
     # --- state ----------------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:

@@ -108,7 +108,7 @@ from ..nn.sage_classifier import SageClassifier
 from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
 from .mixing import average
 from .options import Options, option
-from .supervised import SupervisedTrainer, evaluation_metrics
+from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
@@ -372,7 +372,8 @@ class GeneratorRelayTrainer(SupervisedTrainer):
     handlers ``_send_vectors``, ``_answer_vectors`` and ``_generator_step``."""
 
     phases = (PRETRAIN, GEN_SEND, GEN_GRAD, GEN_STEP, TRAIN_PHASE)
-    options: Any  # the algorithm's options: they have ``gen_rounds``
+    options: Any  # the algorithm's options: they have ``gen_rounds`` and ``num_pred``
+    gen_seed: int | None  # the forward of this round's gen_send, for gen_step
 
     def generator_round(self) -> bool:
         """Whether this round belongs to the federated generator stage."""
@@ -416,6 +417,52 @@ class GeneratorRelayTrainer(SupervisedTrainer):
     def _generator_step(self, arrays: Arrays) -> PhaseReply:
         raise NotImplementedError
 
+    # --- the relay's shared glue ------------------------------------------------------------
+    def _relayed_vectors(self, arrays: Arrays) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """gen_grad's request: the foreign vectors (to differentiate against) and their slot
+        counts, or None when this client was sent none."""
+        if VECTORS not in arrays:
+            return None
+        vectors = torch.as_tensor(arrays[VECTORS], dtype=torch.float32,
+                                  device=self.device).requires_grad_(True)
+        return vectors, torch.as_tensor(arrays[SLOTS], dtype=torch.long, device=self.device)
+
+    def _answer(self, vectors: torch.Tensor, slots: torch.Tensor,
+                per_slot: torch.Tensor) -> PhaseReply:
+        """gen_grad's reply: the gradient of ``per_slot``'s sum for every foreign vector,
+        and that sum's mean over the counted slots."""
+        (grads,) = torch.autograd.grad(per_slot.sum(), vectors)
+        counted = max(int(slots.clamp(max=self.options.num_pred).sum()), 1)
+        return PhaseReply(arrays={GRADS: grads.cpu().numpy().astype(np.float32)},
+                          metrics={"cross_feat_loss": per_slot.sum().item() / counted})
+
+    def _step_inputs(self, arrays: Arrays) -> tuple[int, int, Arrays]:
+        """gen_step's forward seed (gen_send's), contributor count and relayed arrays; with no
+        gen_send this round, a fresh seed and a local step only (no contributors, nothing
+        relayed)."""
+        contributors = int(np.asarray(arrays.get(CONTRIBUTORS, [0])).reshape(-1)[0])
+        if self.gen_seed is None:
+            self.gen_seed, contributors, arrays = int(torch.randint(2**31 - 1, ())), 0, {}
+        return self.gen_seed, contributors, arrays
+
+    def _relayed_gradients(self, arrays: Arrays, generated: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        """The other clients' gradients for this round's sent rows of ``generated``."""
+        grads = torch.as_tensor(arrays[GRADS], dtype=generated.dtype, device=self.device)
+        if grads.shape != (rows.numel(), *generated.shape[1:]):
+            raise RuntimeError(f"{self.options.prefix}: relayed gradients {tuple(grads.shape)} "
+                               f"do not match this round's {rows.numel()} sent nodes")
+        return grads
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """The classifier's scores; NaN in generator rounds (no classifier yet: never a
+        best-validation round)."""
+        metrics = super().evaluate()
+        if self.generator_round():
+            return {k: float("nan") for k in metrics}
+        return metrics
+
 
 class FedSageTrainer(GeneratorRelayTrainer):
     """NeighGen stages on the client, then the GraphSAGE classifier on the mended graph."""
@@ -432,7 +479,7 @@ class FedSageTrainer(GeneratorRelayTrainer):
         self.neighgen: NeighGen | None = None
         self.gen_optimizer: torch.optim.Optimizer | None = None  # pre-training (and fed-train=all)
         self.fed_optimizer: torch.optim.Optimizer | None = None  # fed-train=fgen: fGen only
-        self.gen_seed: int | None = None  # the forward of this round's gen_send, for gen_step
+        self.gen_seed = None
         self.gen_loss = float("nan")
         self.mended: Data | None = None
 
@@ -560,11 +607,10 @@ class FedSageTrainer(GeneratorRelayTrainer):
 
     def _answer_vectors(self, arrays: Arrays) -> PhaseReply:
         """Client j: the gradient of its feature loss for every foreign vector it was sent."""
-        if VECTORS not in arrays:
+        request = self._relayed_vectors(arrays)
+        if request is None:
             return PhaseReply()
-        vectors = torch.as_tensor(arrays[VECTORS], dtype=torch.float32,
-                                  device=self.device).requires_grad_(True)
-        slots = torch.as_tensor(arrays[SLOTS], dtype=torch.long, device=self.device)
+        vectors, slots = request
         if self.options.cross_targets == "nearest":
             per_slot = nearest_feature_loss(vectors, slots, self.data.x)
         else:
@@ -572,10 +618,7 @@ class FedSageTrainer(GeneratorRelayTrainer):
                                                    self.data.edge_index, self.data.x)
             true = torch.as_tensor(arrays[TRUE_COUNTS], dtype=torch.long, device=self.device)
             per_slot = greedy_feature_loss(vectors, targets, slots, true, self.options.greedy_match)
-        (grads,) = torch.autograd.grad(per_slot.sum(), vectors)
-        counted = max(int(slots.clamp(max=self.options.num_pred).sum()), 1)
-        return PhaseReply(arrays={GRADS: grads.cpu().numpy().astype(np.float32)},
-                          metrics={"cross_feat_loss": per_slot.sum().item() / counted})
+        return self._answer(vectors, slots, per_slot)
 
     def _generator_step(self, arrays: Arrays) -> PhaseReply:
         """Client m: recompute gen_send's forward and take one Adam step with the relayed
@@ -590,20 +633,15 @@ class FedSageTrainer(GeneratorRelayTrainer):
         else:
             optimizer = self.gen_optimizer
         assert optimizer is not None and self.neighgen is not None
-        contributors = int(np.asarray(arrays.get(CONTRIBUTORS, [0])).reshape(-1)[0])
-        if self.gen_seed is None:  # no gen_send this round: a local step only
-            self.gen_seed, contributors, arrays = int(torch.randint(2**31 - 1, ())), 0, {}
+        seed, contributors, arrays = self._step_inputs(arrays)
         optimizer.zero_grad()
-        out = self._seeded_pass(self.gen_seed)
+        out = self._seeded_pass(seed)
         local = self._local_loss(out)
         scale = 1.0 / (1 + contributors)
         total = scale * local
         if GRADS in arrays:
             rows = self._sent_rows(out)
-            grads = torch.as_tensor(arrays[GRADS], dtype=out.generated.dtype, device=self.device)
-            if grads.shape != (rows.numel(), *out.generated.shape[1:]):
-                raise RuntimeError(f"fedsage: relayed gradients {tuple(grads.shape)} do not match "
-                                   f"this round's {rows.numel()} sent nodes")
+            grads = self._relayed_gradients(arrays, out.generated, rows)
             num_train = int(self.impaired.train_mask.sum())
             total = total + (scale * opts.loss_feat / (num_train * opts.num_pred)
                              * (out.generated[rows] * grads).sum())
@@ -670,15 +708,6 @@ class FedSageTrainer(GeneratorRelayTrainer):
                 loss_value = float(loss.detach())
         return {"train_loss": loss_value,
                 "generated_nodes": float(graph.num_nodes - data.num_nodes)}
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Scores of the classifier on the mended graph."""
-        self.model.eval()
-        metrics = evaluation_metrics(self.forward(), self.data, self.metric)
-        if self.generator_round():  # no classifier yet: never a best-validation round
-            return {k: float("nan") for k in metrics}
-        return metrics
 
     # --- state ----------------------------------------------------------------------------------
     def local_state(self) -> dict[str, Any]:
