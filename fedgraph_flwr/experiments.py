@@ -40,6 +40,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,33 @@ def group_cells(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return cells
 
 
+def matching_cell_key(cell: str, results: list[dict[str, Any]], keys: Iterable[str]) -> str | None:
+    """The key among ``keys`` (a grid file's paper keys or planned cells) that names ``cell``:
+    ``cell`` itself or, when only part of a grid ran and fewer keys vary (so the cell's name
+    is shorter), the one key whose further ``k=v`` parts every run of the cell has in its
+    config. None when no key, or more than one, does."""
+    keys = list(keys)
+    if cell in keys:
+        return cell
+    head, extra = _split_cell(cell)
+    found = []
+    for key in keys:
+        key_head, key_extra = _split_cell(key)
+        if key_head != head or any(key_extra.get(k) != v for k, v in extra.items()):
+            continue
+        if all(str(r["config"].get(k)) == v for r in results
+               for k, v in key_extra.items() if k not in extra):
+            found.append(key)
+    return found[0] if len(found) == 1 else None
+
+
+def _split_cell(name: str) -> tuple[str, dict[str, str]]:
+    """A cell name's ``algorithm|dataset|partition|clients`` and its ``k=v`` parts."""
+    fields = name.split("|")
+    head = "|".join(fields[:len(CELL_KEYS)])
+    return head, dict(f.split("=", 1) for f in fields[len(CELL_KEYS):])
+
+
 def seed_mean_curve_at_best_val(results: list[dict[str, Any]]) -> list[float]:
     """The reference visualizer's "Acc @ Best Val" (FED-PUB/FedAux ``evaluations/visualizer.py``).
 
@@ -415,10 +443,15 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
         figures = {key: [float(r["final"].get(key, float("nan"))) for r in results]
                    for key in (*FIXED_COLUMNS, *extra, paper_metric)}
         secs = [r["wall_time_s"] / max(1, len(r["rounds"])) for r in results]
-        ref = paper.get(cell)
+        paper_key = matching_cell_key(cell, results, paper)
+        ref = None if paper_key is None else paper[paper_key]
+        planned_key = matching_cell_key(cell, results, planned)
         ran = sorted({int(r["config"]["rounds"]) for r in results})
-        shortened = ref is not None and cell in planned and ran != [planned[cell]]
-        if shortened:  # e.g. --set rounds=10: not the paper's protocol, so no comparison
+        paper_cell = "" if ref is None else f"{ref:.2f}"
+        if ref is not None and planned_key is not None and ran != [planned[planned_key]]:
+            # e.g. --set rounds=10: not the paper's protocol, so no comparison
+            paper_cell = (f"not compared: {'/'.join(map(str, ran))} rounds, the paper's "
+                          f"{planned[planned_key]}")
             ref = None
         mean = float(np.mean(figures[paper_metric]))
         rows.append({
@@ -426,8 +459,7 @@ def write_tables(out: Path, spec: dict[str, Any] | None = None) -> tuple[Path, P
             **{key: _fmt(figures[key]) for key in (*FIXED_COLUMNS, *extra)},
             "seed_mean_curve_test_at_best_val": _fmt(seed_mean_curve_at_best_val(results)),
             "best_test_round": _fmt(best_test_round(results)),
-            "paper": (f"not compared: {'/'.join(map(str, ran))} rounds, the paper's "
-                      f"{planned[cell]}" if shortened else "" if ref is None else f"{ref:.2f}"),
+            "paper": paper_cell,
             "diff": "" if ref is None else f"{mean - ref:+.2f}",
             "s_per_round": f"{np.mean(secs):.3f}",
         })

@@ -17,6 +17,7 @@ from fedgraph_flwr.experiments import (
     expand,
     load_grid,
     main,
+    matching_cell_key,
     run_grid,
     run_name,
     saved_config,
@@ -114,6 +115,25 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     assert fedavg["paper"] == "not compared: 2 rounds, the paper's 3" and fedavg["diff"] == ""
     html = (out / "report.html").read_text()
     assert "set:" in html and "rounds: &#x27;2&#x27;" in html
+
+
+def test_a_partly_run_grid_still_finds_its_paper_keys():
+    """With only some of a grid's cells run, fewer keys vary, so a cell's name is shorter
+    than the paper key written for the whole grid; the key is still found through the
+    runs' configs, and only when exactly one key fits."""
+    paper = ["fediih|M|metis|10|factors=6|inference=variational|prior=hierarchical",
+             "fediih|M|metis|10|factors=6|inference=deterministic|prior=hierarchical",
+             "fediih|M|metis|10|factors=1|inference=variational|prior=hierarchical",
+             "fediih|M|metis|10|factors=6|inference=variational|prior=standard"]
+    full = [{"config": {"factors": 6, "inference": "variational", "prior": "hierarchical"}}]
+    assert matching_cell_key(paper[0], full, paper) == paper[0]  # the whole grid ran
+    assert matching_cell_key("fediih|M|metis|10|inference=variational", full, paper) == paper[0]
+    assert matching_cell_key("fediih|M|metis|10", full, paper) == paper[0]
+    assert matching_cell_key("fediih|M|metis|20", full, paper) is None  # another cell
+    other = [{"config": {"factors": 6, "inference": "variational", "prior": "uniform"}}]
+    assert matching_cell_key("fediih|M|metis|10", other, paper) is None  # no key fits its runs
+    both = ["fedaux|M|metis|10|x=1", "fedaux|M|metis|10|y=2"]
+    assert matching_cell_key("fedaux|M|metis|10", [{"config": {"x": 1, "y": 2}}], both) is None
 
 
 def test_cli_reports_bad_grid_in_one_line(tmp_path, capsys):
