@@ -51,7 +51,9 @@ def simulation_equals_in_process(config: dict, out, num_supernodes: int) -> dict
     from fedgraph_flwr.engine.loop import run_federation
     from fedgraph_flwr.engine.server_app import make_server_app
 
-    config = dict(config, **{"output-dir": str(out), "run-name": "flower"})
+    # A generous round-timeout: on a loaded machine a slow phase (FedDEP's pre-training took
+    # over 120 s beside two other jobs) would time a client out and the figures would differ.
+    config = {"round-timeout": 900, **config, "output-dir": str(out), "run-name": "flower"}
     simulate(make_server_app(config), make_client_app(), num_supernodes)
     flower = json.loads((out / "flower" / "results.json").read_text())
     assert [r["round"] for r in flower["rounds"]] == list(range(1, int(config["rounds"]) + 1))
