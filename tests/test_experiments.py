@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,26 @@ def test_run_grid_is_resumable_and_tables_keep_ablations_apart(tmp_path):
     assert fedavg["paper"] == "not compared: 2 rounds, the paper's 3" and fedavg["diff"] == ""
     html = (out / "report.html").read_text()
     assert "set:" in html and "rounds: &#x27;2&#x27;" in html
+
+
+@pytest.mark.slow
+def test_one_configuration_spelt_twice_runs_and_counts_once(tmp_path, capsys):
+    """Sweeps share their default point (a tau sweep's tau=10 is an L sweep's L=5): the
+    grid runs it once, and a folder holding it twice (an earlier version ran both, or two
+    grids wrote there) reports it once, not as two seeds."""
+    spec = {"name": "twice", "base": {"dataset": "SBM", "num-clients": 2, "rounds": 2,
+                                       "hidden": 8, "data-root": str(tmp_path / "data")},
+            "grid": [{"algorithm": ["fedavg"], "lr": [0.01, 0.02]},
+                     {"algorithm": ["fedavg"], "rounds": [2]}],  # lr's default is 0.01
+            "seeds": [0]}
+    out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert len(list(out.glob("*/results.json"))) == 2
+    assert "the same run as" in capsys.readouterr().out
+    first = sorted(out.glob("*/results.json"))[0].parent
+    shutil.copytree(first, out / "copy-of-a-run")  # an earlier version's second run of it
+    cells = collect(out)
+    assert sorted(len(runs) for runs in cells.values()) == [1, 1]
+    assert "counted once" in capsys.readouterr().err
 
 
 def test_a_partly_run_grid_still_finds_its_paper_keys():
