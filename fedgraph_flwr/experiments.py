@@ -145,7 +145,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
 
     out = out_root / spec["name"]
     runs = expand(spec, seeds)
-    done = {name: res["config"] for name, res in completed_runs(out).items()}
+    done = {run_identity(res["config"]): name for name, res in completed_runs(out).items()}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TimeRemainingColumn()) as progress:
         cells = progress.add_task("cells", total=len(runs))
@@ -156,9 +156,8 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             target = out / overrides["run-name"] / "results.json"
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
             cfg = resolve_config(None, overrides)
-            twin = next((name for name, saved in done.items() if name != overrides["run-name"]
-                         and same_run(saved, cfg.to_config())), None)
-            if twin is not None and not target.is_file():
+            twin = done.get(run_identity(cfg.to_config()))
+            if twin not in (None, overrides["run-name"]) and not target.is_file():
                 # Another row of the grid (or an earlier grid run into this folder) spelt the
                 # same configuration: e.g. a tau sweep's tau=10 is an L sweep's L=5.
                 progress.console.print(f"{overrides['run-name']}: the same run as {twin}; not re-run")
@@ -200,7 +199,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
 
                 run_federation(overrides, log=on_round)
             log.say("done")
-            done[overrides["run-name"]] = json.loads(target.read_text())["config"]
+            done[run_identity(cfg.to_config())] = overrides["run-name"]
             progress.advance(cells)
     # The report shows the grid as run: the seeds asked for and the --set overrides.
     write_tables(out, {**spec, "seeds": list(seeds) if seeds else spec["seeds"],
@@ -306,9 +305,11 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     is read by :func:`saved_config`. Runs moved aside under ``out/stale`` are not read,
     nor is a results.json that cannot be parsed (a run cut off mid-write) or one of a run
     that stopped before its last round (an abort): each is named on stderr and left for
-    ``run`` to move aside and redo.
+    ``run`` to move aside and redo. A second run of one configuration
+    (:func:`run_identity`) is named on stderr and counted once.
     """
     results = []
+    seen: dict[str, str] = {}  # run identity -> the run folder counted for it
     for path in sorted(out.glob("*/results.json")):
         try:
             res = json.loads(path.read_text())
@@ -323,23 +324,21 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
                   f"{res['config']['rounds']}; `fedgraph-experiments run` on its grid redoes it",
                   file=sys.stderr)
             continue
-        twin = next((r for r in results if same_run(r["config"], res["config"])), None)
-        if twin is not None:  # e.g. tau=10 of a tau sweep and L=5 of an L sweep: one run
-            print(f"fedgraph-experiments: skipping {path}: the same run as "
-                  f"{twin['config'].get('run-name')} (counted once)", file=sys.stderr)
+        identity = run_identity(res["config"])
+        if identity in seen:  # e.g. tau=10 of a tau sweep and L=5 of an L sweep: one run
+            print(f"fedgraph-experiments: skipping {path}: the same run as {seen[identity]} "
+                  "(counted once)", file=sys.stderr)
             continue
+        seen[identity] = path.parent.name
         results.append(res)
     return group_cells(results)
 
 
-def same_run(saved: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two saved configs are one run: the same seed and every key that changes
-    results equal (two grid rows can spell one configuration differently)."""
-    def identity(config: dict[str, Any]) -> str:
-        return json.dumps({k: v for k, v in config.items()
-                           if k == "seed" or k not in NOT_RESULT_KEYS}, sort_keys=True, default=str)
-
-    return identity(saved_config(saved)) == identity(saved_config(other))
+def run_identity(config: dict[str, Any]) -> str:
+    """What makes a run's results: its seed and every key that changes them. Two grid rows
+    can spell one configuration differently; equal identities are one run."""
+    return json.dumps({k: v for k, v in saved_config(config).items()
+                       if k == "seed" or k not in NOT_RESULT_KEYS}, sort_keys=True, default=str)
 
 
 def completed_runs(out: Path) -> dict[str, dict[str, Any]]:
