@@ -156,7 +156,8 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
             target = out / overrides["run-name"] / "results.json"
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
             cfg = resolve_config(None, overrides)
-            twin = done.get(run_identity(cfg.to_config()))
+            identity = run_identity(cfg.to_config())
+            twin = done.get(identity)
             if twin not in (None, overrides["run-name"]) and not target.is_file():
                 # Another row of the grid (or an earlier grid run into this folder) spelt the
                 # same configuration: e.g. a tau sweep's tau=10 is an L sweep's L=5.
@@ -199,7 +200,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
 
                 run_federation(overrides, log=on_round)
             log.say("done")
-            done[run_identity(cfg.to_config())] = overrides["run-name"]
+            done[identity] = overrides["run-name"]
             progress.advance(cells)
     # The report shows the grid as run: the seeds asked for and the --set overrides.
     write_tables(out, {**spec, "seeds": list(seeds) if seeds else spec["seeds"],
@@ -310,26 +311,13 @@ def collect(out: Path) -> dict[str, list[dict[str, Any]]]:
     """
     results = []
     seen: dict[str, str] = {}  # run identity -> the run folder counted for it
-    for path in sorted(out.glob("*/results.json")):
-        try:
-            res = json.loads(path.read_text())
-            res["config"] = saved_config(res["config"])
-        except (ValueError, KeyError, TypeError) as exc:
-            print(f"fedgraph-experiments: skipping unreadable {path} ({type(exc).__name__}: {exc}); "
-                  "`fedgraph-experiments run` on its grid redoes it", file=sys.stderr)
-            continue
-        stopped = stopped_after(res)
-        if stopped is not None:
-            print(f"fedgraph-experiments: skipping {path}: it stopped after round {stopped} of "
-                  f"{res['config']['rounds']}; `fedgraph-experiments run` on its grid redoes it",
-                  file=sys.stderr)
-            continue
+    for name, res in completed_runs(out, report=True).items():
         identity = run_identity(res["config"])
         if identity in seen:  # e.g. tau=10 of a tau sweep and L=5 of an L sweep: one run
-            print(f"fedgraph-experiments: skipping {path}: the same run as {seen[identity]} "
-                  "(counted once)", file=sys.stderr)
+            print(f"fedgraph-experiments: skipping {out / name / 'results.json'}: the same run "
+                  f"as {seen[identity]} (counted once)", file=sys.stderr)
             continue
-        seen[identity] = path.parent.name
+        seen[identity] = name
         results.append(res)
     return group_cells(results)
 
@@ -341,17 +329,28 @@ def run_identity(config: dict[str, Any]) -> str:
                        if k == "seed" or k not in NOT_RESULT_KEYS}, sort_keys=True, default=str)
 
 
-def completed_runs(out: Path) -> dict[str, dict[str, Any]]:
-    """The readable results.json of runs under ``out`` that reached their last round, by
-    run name."""
+def completed_runs(out: Path, report: bool = False) -> dict[str, dict[str, Any]]:
+    """The readable results.json of runs under ``out`` that reached their last round (their
+    config read by :func:`saved_config`), by run name; with ``report``, each one left out is
+    named on stderr."""
     runs = {}
     for path in sorted(out.glob("*/results.json")):
         try:
             res = json.loads(path.read_text())
-            if stopped_after(res) is None:
-                runs[path.parent.name] = res
-        except (ValueError, KeyError, TypeError):
+            res["config"] = saved_config(res["config"])
+        except (ValueError, KeyError, TypeError) as exc:
+            if report:
+                print(f"fedgraph-experiments: skipping unreadable {path} ({type(exc).__name__}: "
+                      f"{exc}); `fedgraph-experiments run` on its grid redoes it", file=sys.stderr)
             continue
+        stopped = stopped_after(res)
+        if stopped is not None:
+            if report:
+                print(f"fedgraph-experiments: skipping {path}: it stopped after round {stopped} of "
+                      f"{res['config']['rounds']}; `fedgraph-experiments run` on its grid redoes it",
+                      file=sys.stderr)
+            continue
+        runs[path.parent.name] = res
     return runs
 
 
