@@ -54,6 +54,7 @@ CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
 SECURE_AGGREGATIONS = ("off", "ckks")
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class ClientSettings(Options):
     dropout: float = option(0.5, "dropout", low=0.0, high=1.0, high_inclusive=False)
     metric: str = option("auto", "auto: the dataset's (accuracy, or ROC-AUC for binary)",
                          choices=METRICS)
+    device: str = option("auto", "where a client trains: auto (CUDA when its machine has it) | "
+                         "cpu | cuda | cuda:N (N counts the GPUs CUDA_VISIBLE_DEVICES leaves)")
     # its state between rounds and its memory guard
     client_state: str = option("context", "where a client keeps its state between rounds: "
                                "Flower's context | a file", choices=CLIENT_STATE_MODES)
@@ -122,6 +125,12 @@ class ClientSettings(Options):
     ckks_secret_context: str = option("", "ckks: the client's secret-context file (env "
                                       "FEDGRAPH_CKKS_SECRET_CONTEXT wins; in-process/simulation: "
                                       "the run's own)")
+
+    def check(self) -> None:
+        """``device`` is a device's name; whether this machine has it, the client checks."""
+        if not DEVICE.fullmatch(self.device):
+            raise ConfigError(f"device={self.device!r} is not a valid choice: must be auto, cpu, "
+                              f"cuda or cuda:N")
 
     @property
     def data_root_path(self) -> Path:
@@ -264,6 +273,7 @@ class RunConfig(ServerSettings, ClientConfig):
 
     def check(self) -> None:
         """The checks across keys, and those that look at files, made once on the server."""
+        super().check()
         if self.partition != "files":
             from .data.datasets import canonical_name  # local import: heavy PyG modules
 

@@ -98,7 +98,7 @@ def run_name(overrides: dict[str, Any]) -> str:
     cfg = resolve_config(None, overrides)
     values = cfg.to_config()
     extra = [f"{k}={v}" for k, v in sorted(overrides.items())
-             if k not in (*CELL_KEYS, "seed", "output-dir", "run-name", "data-root")]
+             if k not in (*CELL_KEYS, "seed", "output-dir", "run-name", "data-root", "device")]
     base = "-".join(str(values[k]) for k in CELL_KEYS) + f"-seed{cfg.seed}"
     if extra:
         import hashlib
@@ -223,7 +223,9 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
                      "ckks-public-context": keyed.ckks_public_context}
     import torch
 
-    gpus = 1.0 / cfg.num_clients if torch.cuda.is_available() else 0.0
+    # Every simulated ClientApp gets an equal share of one GPU (Ray's num_gpus): the K
+    # clients of a cell share it, as they share the machine's CPU cores.
+    gpus = 1.0 / cfg.num_clients if cfg.device != "cpu" and torch.cuda.is_available() else 0.0
     init_args: dict[str, Any] = {"include_dashboard": False}
     if num_cpus is not None:
         init_args["num_cpus"] = num_cpus
@@ -232,8 +234,10 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
                              "init_args": init_args})
 
 
-# Config keys that never define a cell (they differ between seeds or machines).
-NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose")
+# Config keys that never define a cell (they differ between seeds or machines). A run on a
+# GPU and one on a CPU are the same run: torch's kernels differ there only by rounding.
+NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose",
+                 "device")
 # Engine keys that change how a run is served, not its numbers.
 NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
                    "client-state", "client-state-dir", "max-array-bytes", "memory-limit",

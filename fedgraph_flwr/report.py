@@ -174,7 +174,7 @@ def _failures_note(by_client: dict[str, Any]) -> str:
 
 
 def client_rows(results: dict[str, Any]) -> list[list[str]]:
-    """Per client: its subgraph, its best-val round and figures there (a bar for the
+    """Per client: its subgraph, the device it trained on, its best-val round and figures there (a bar for the
     test figure), and how often it failed."""
     final = results.get("final", {})
     per_client = final.get("per_client", {})
@@ -186,13 +186,13 @@ def client_rows(results: dict[str, Any]) -> list[list[str]]:
         bar = (f'<span class=bar style="width:{max(0.0, min(100.0, test)):.0f}px"></span>'
                if math.isfinite(test) else "")
         rows.append([escape(str(cid)), *(escape(str(facts.get(k, "–"))) for k in (
-            "num-nodes", "num-edges", "num-train", "num-val", "num-test")),
+            "num-nodes", "num-edges", "num-train", "num-val", "num-test", "device")),
             escape(str(pc.get("best_round", "–"))), pct(pc.get("val")), bar + pct(test),
             escape(str(failed.get(cid, 0)))])
     return rows
 
 
-CLIENT_HEADER = ["client", "nodes", "edges", "train", "val", "test", "best-val round",
+CLIENT_HEADER = ["client", "nodes", "edges", "train", "val", "test", "device", "best-val round",
                  "val (%)", "test (%)", "failures"]
 
 

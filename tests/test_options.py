@@ -102,7 +102,7 @@ def test_resolved_options_are_typed_and_other_algorithms_keep_their_defaults():
 
 def test_common_keys_are_declared_with_a_doc_and_split_between_client_and_server():
     assert list(common_defaults()) == [*ClientSettings.keys(), *ServerSettings.keys()]
-    assert len(ClientSettings.keys()) == 34 and len(ServerSettings.keys()) == 15
+    assert len(ClientSettings.keys()) == 35 and len(ServerSettings.keys()) == 15
     docs = {**ClientSettings.docs(), **ServerSettings.docs()}
     assert all(doc.strip() and "\n" not in doc for doc in docs.values())
     assert ClientSettings.ranges()["dropout"] == "in [0, 1)"
@@ -113,8 +113,8 @@ def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
     client = cfg.client_config(server_round=3)
     assert type(client) is ClientConfig
     sent = client.to_config()
-    assert len(client_keys()) == 34
-    assert len(sent) == 48  # 34 common + 13 fedaux-* + server-round
+    assert len(client_keys()) == 35
+    assert len(sent) == 49  # 35 common + 13 fedaux-* + server-round
     assert list(sent) == [*client_keys(), *FedAuxOptions.keys(), "server-round"]
     assert sent["fedaux-sigma"] == 0.5
     assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",

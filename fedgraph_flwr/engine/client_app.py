@@ -98,9 +98,10 @@ def handshake(message: Message, context: Context) -> Message:
     try:
         config, identity, data, num_classes = _identity_and_data(message, context)
         rt.check_client_keys(config, identity)
+        device = rt.pick_device(config.device)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
         return _data_error_reply(message, exc)
-    info = rt.describe(data, num_classes, identity, rt.pick_device())
+    info = rt.describe(data, num_classes, identity, device)
     info.update(rt.ray_resources())
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 
@@ -133,7 +134,7 @@ def train(message: Message, context: Context) -> Message:
         arrays = content_arrays(message.content)
         out, metrics = rt.handle_phase(config, phase, arrays, data, config.num_classes_global,
                                        identity.partition_id, state_store(config, context),
-                                       rt.pick_device())
+                                       rt.pick_device(config.device))
     except rt.MemoryGuardError as exc:
         return _error_reply(message, ERROR_MEMORY, exc)
     except Exception as exc:  # noqa: BLE001

@@ -280,9 +280,30 @@ def ray_resources() -> dict[str, Any]:
     return out
 
 
-def pick_device() -> torch.device:
-    """CUDA when the machine has a GPU, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+class DeviceError(ConfigError):
+    """``device`` names a GPU this client's machine does not have."""
+
+
+def pick_device(setting: str = "auto") -> torch.device:
+    """The device a client trains on, from its ``device`` setting and this machine: ``auto``
+    is CUDA when torch sees a GPU (its first visible one), else CPU. A GPU that is not here
+    is a one-line :class:`DeviceError`, never a silent fall back to the CPU."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type != "cuda":
+        return device
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "CUDA_VISIBLE_DEVICES unset"
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise DeviceError(f"device={setting} but torch {torch.__version__} ({build}) sees no GPU "
+                          f"on this machine ({seen}); set device=auto or device=cpu")
+    count = torch.cuda.device_count()
+    if (device.index or 0) >= count:
+        raise DeviceError(f"device={setting} but this machine shows {count} GPU(s) (cuda:0.."
+                          f"cuda:{count - 1}, {seen})")
+    return device
 
 
 def state_to_bytes(state: dict[str, Any]) -> bytes:

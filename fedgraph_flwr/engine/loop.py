@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from ..algorithms.base import Phase
 from ..config import RunConfig, resolve_config
 from ..secure_aggregation import ensure_run_keys
@@ -29,7 +31,7 @@ class InProcessTransport(Transport):
     ``client-state=file``, exactly as the ClientApp does."""
 
     def __init__(self) -> None:
-        self.device = rt.pick_device()
+        self.device = torch.device("cpu")  # until connect() reads the run's ``device``
         self.data: dict[int, Any] = {}
         self.num_classes: dict[int, int] = {}
         self.live = rt.LiveTrainers()
@@ -40,6 +42,7 @@ class InProcessTransport(Transport):
         k = config.num_clients
         client = config.client_config()
         rt.check_client_keys(client)
+        self.device = rt.pick_device(client.device)
         roster = {}
         for cid in range(k):
             identity = rt.identify({"partition-id": cid, "num-partitions": k}, client)
