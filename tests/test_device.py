@@ -16,7 +16,7 @@ from torch import nn
 from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import ALGORITHMS
-from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.config import ConfigError, RunConfig, resolve_config
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.driver import RoundDriver
 from fedgraph_flwr.engine.loop import InProcessTransport, run_federation
@@ -159,3 +159,33 @@ def test_every_algorithm_keeps_its_model_data_and_optimiser_on_the_clients_devic
             wrong += [(name, t.device) for t in _tensors(value, seen)
                       if t.device != device and t.dim() > 0]
         assert not wrong, f"client {cid}: {wrong[:5]}"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_the_clientapp_answers_the_handshake_with_the_device_error(synthetic_root):
+    """The ClientApp's own handshake handler, on a message as Flower delivers it: the
+    reply is an error of one line, which the server reports (engine/flower_transport.py)."""
+    from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
+
+    from fedgraph_flwr.engine.client_app import handshake
+    from fedgraph_flwr.engine.contract import ERROR_DATA
+    from fedgraph_flwr.engine.records import to_config_record
+
+    config = resolve_config(None, {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3,
+                                   "data-root": str(synthetic_root), "device": "cuda:1"})
+    def delivered(run: RunConfig) -> Message:  # as a SuperNode hands it to the ClientApp
+        return Message(RecordDict({"config": to_config_record(run.client_config().to_config())}),
+                       metadata=Metadata(run_id=1, message_id="m1", src_node_id=0, dst_node_id=1,
+                                         reply_to_message_id="", group_id="handshake",
+                                         created_at=time.time(), ttl=60.0, message_type="query"))
+
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
+                      state=RecordDict(), run_config={})
+    reply = handshake(delivered(config), context)
+    assert reply.has_error() and reply.error.code == ERROR_DATA
+    assert reply.error.reason.startswith("DeviceError: device=cuda:1 but torch")
+    assert "\n" not in reply.error.reason
+    cpu = resolve_config(None, {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3,
+                                "data-root": str(synthetic_root), "device": "cpu"})
+    info = handshake(delivered(cpu), context).content["info"]
+    assert isinstance(info, ConfigRecord) and info["device"] == "cpu"
