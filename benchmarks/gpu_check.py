@@ -4,7 +4,7 @@ One prepared script for a short GPU slot (at most about 8 minutes with the defau
 which runs the same way with ``--device cpu`` (tested so, where there is no GPU):
 
     python benchmarks/gpu_check.py --out OUT --data-root DATA [--device cuda]
-        [--parts algorithms flower arxiv cpu-cores] [--budget-s 480]
+        [--parts algorithms flower simulation arxiv cpu-cores] [--budget-s 480]
 
 Parts, each given its share of ``--budget-s`` (what one leaves is passed on):
 
@@ -14,16 +14,20 @@ Parts, each given its share of ``--budget-s`` (what one leaves is passed on):
    test at the best mean-validation round of each, s/round of each (median of rounds
    2..R), peak GPU memory, with ``--deterministic`` the ops that
    ``torch.use_deterministic_algorithms`` (warn-only) names as having no deterministic
-   version, or the one-line error.
+   version, with ``--syncs`` the host round trips per round and where they are made, or
+   the one-line error.
 2. ``flower``: FedAux and FedIIH as a real Flower deployment on 127.0.0.1 (SuperLink,
    ``--clients`` SuperNodes and their ClientApp executors: ``benchmarks/deploy_round.py``,
    no Ray), every ClientApp on ``--device``: s/round. Needs flwr and the client files of
    ``--partitions`` (client_<i>.npz).
-3. ``arxiv``: FedAux and FedIIH on ``--arxiv-dataset`` (Synthetic-arxiv: ogbn-arxiv's size)
+3. ``simulation``: the same two as a Flower simulation (``run_simulation``, Ray), each
+   ClientApp reserving one CPU and 1/K of the GPU, all K sharing it at once: s/round. Needs
+   Ray (a 70 MB wheel: ``gpu_carry.sh --ray`` splits it over two device calls).
+4. ``arxiv``: FedAux and FedIIH on ``--arxiv-dataset`` (Synthetic-arxiv: ogbn-arxiv's size)
    with 5 METIS clients, ``--arxiv-rounds`` (10), in process, ``client-state=file`` (one
    client's trainer alive at a time, as on one organisation's GPU): s/round, peak GPU
    memory and the projected 100-round time (the first round + 99 median rounds).
-4. ``cpu-cores``: part 2 with every ClientApp on the CPU (``device=cpu``, one thread each
+5. ``cpu-cores``: part 2 with every ClientApp on the CPU (``device=cpu``, one thread each
    where the machine has a core per client).
 
 Writes ``OUT/gpu_check.json`` (after every algorithm and part, so a cut-off run keeps
@@ -33,6 +37,7 @@ what it measured) and ``OUT/gpu_check.md`` (the tables).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import io
 import json
@@ -49,7 +54,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("algorithms", "flower", "arxiv", "cpu-cores")
+PARTS = ("algorithms", "flower", "simulation", "arxiv", "cpu-cores")
 #: The project's own methods first: a slot cut short has measured them.
 FIRST = ("fedaux", "fediih", "fedspray")
 DEFAULT_PARTITIONS = ROOT.parent / "shared" / "reference-partitions" / "fedaux-cora-disjoint-10"
@@ -59,8 +64,10 @@ NONDETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementat
 
 def short_run_keys(algorithm: str, rounds: int) -> dict[str, Any]:
     """Keys an algorithm needs to be scored within ``rounds``: AdaFGL's step 1 shortened so
-    that its step 2 runs (it refuses otherwise)."""
-    return {"adafgl-rounds-step1": max(1, rounds - 2)} if algorithm == "adafgl" else {}
+    that its step 2 runs (it refuses otherwise), FedSage+'s generator rounds (unscored,
+    20 by default) cut to half the run."""
+    return {"adafgl": {"adafgl-rounds-step1": max(1, rounds - 2)},
+            "fedsage": {"fedsage-gen-rounds": max(1, rounds // 2)}}.get(algorithm, {})
 
 
 def one_line(exc: BaseException) -> str:
@@ -103,9 +110,11 @@ class Check:
 
 
 # --- part 1: every algorithm, the device against the CPU ----------------------------------
-def run_in_process(overrides: dict[str, Any]) -> dict[str, Any]:
+def run_in_process(overrides: dict[str, Any], syncs: bool = False) -> dict[str, Any]:
     """One in-process federation (no files); its rounds, final figures, s/round, peak GPU
-    memory and the ops torch named as nondeterministic."""
+    memory, the ops torch named as nondeterministic, and on CUDA with ``syncs`` the host
+    round trips (torch's sync debug mode: each warns where it is made; the run is slower,
+    so its s/round is not the device's)."""
     import torch
 
     from fedgraph_flwr.engine.loop import run_federation
@@ -114,19 +123,30 @@ def run_in_process(overrides: dict[str, Any]) -> dict[str, Any]:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        if syncs:  # every op that waits for the GPU (a host round trip) warns, with its line
+            torch.cuda.set_sync_debug_mode("warn")
     t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught, \
-            contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("always")
-        res = run_federation(overrides, write=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught, \
+                contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("always")
+            res = run_federation(overrides, write=False)
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
     wall = time.perf_counter() - t0
     ops = sorted({m.group(1) for w in caught if (m := NONDETERMINISTIC.match(str(w.message)))})
+    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                                if "synchronizing CUDA operation" in str(w.message))
+    rounds = max(1, len(res["rounds"]))
     return {"rounds": res["rounds"], "final": res["final"], "wall_s": round(wall, 2),
             "s_per_round": round(median_round_s(res["rounds"]), 4),
             "devices": sorted({c["device"] for c in res["clients"].values()}),
             "peak_gpu_mib": (round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda
                              else None),
-            "nondeterministic_ops": ops}
+            "nondeterministic_ops": ops,
+            "host_syncs_per_round": round(sum(sites.values()) / rounds, 1) if cuda else None,
+            "sync_sites": [f"{site} ×{n}" for site, n in sites.most_common(5)]}
 
 
 def compare(device_run: dict[str, Any], cpu_run: dict[str, Any]) -> dict[str, Any]:
@@ -165,10 +185,13 @@ def part_algorithms(check: Check, budget: float) -> None:
             continue
         try:
             keys = {**base, **short_run_keys(name, args.rounds), "algorithm": name}
-            on_device = run_in_process({**keys, "device": args.device})
+            on_device = run_in_process({**keys, "device": args.device}, syncs=args.syncs)
             row.update(device_s_per_round=on_device["s_per_round"], device_wall_s=on_device["wall_s"],
                        devices=on_device["devices"], peak_gpu_mib=on_device["peak_gpu_mib"],
                        nondeterministic_ops=on_device["nondeterministic_ops"])
+            if args.syncs:
+                row.update(host_syncs_per_round=on_device["host_syncs_per_round"],
+                           sync_sites=on_device["sync_sites"])
             if not args.no_cpu_reference:
                 on_cpu = run_in_process({**keys, "device": "cpu"})
                 row.update(cpu_s_per_round=on_cpu["s_per_round"], cpu_wall_s=on_cpu["wall_s"],
@@ -183,7 +206,7 @@ def part_algorithms(check: Check, budget: float) -> None:
         check.save()
 
 
-# --- parts 2 and 4: a real Flower deployment on this machine ------------------------------
+# --- parts 2 and 5: a real Flower deployment on this machine ------------------------------
 def deployment_round(check: Check, algorithm: str, device: str, budget: float) -> dict[str, Any]:
     """``benchmarks/deploy_round.py`` for ``algorithm`` with ``device``: its JSON row."""
     sys.path.insert(0, str(HERE))
@@ -232,7 +255,58 @@ def part_deployment(check: Check, part: str, device: str, budget: float) -> None
         check.save()
 
 
-# --- part 3: arxiv size ---------------------------------------------------------------------
+# --- part 3: a Flower simulation (Ray) with the ClientApps sharing the device ----------------
+def part_simulation(check: Check, budget: float) -> None:
+    """Cora-``--clients`` FedAux and FedIIH as Flower simulations (``run_simulation``, Ray):
+    every ClientApp reserves one CPU and 1/K of the GPU, so all K share it at once."""
+    import tempfile
+
+    from fedgraph_flwr.engine.client_app import make_client_app
+    from fedgraph_flwr.engine.server_app import make_server_app
+    from fedgraph_flwr.engine.simulation import simulate
+
+    args = check.args
+    k = args.clients
+    gpus = 1.0 / k if args.device.startswith("cuda") else 0.0
+    rows: list[dict[str, Any]] = []
+    check.record["parts"]["simulation"] = {"clients": k, "device": args.device,
+                                           "gpus_per_clientapp": gpus, "rows": rows}
+    deadline = time.perf_counter() + budget
+    out = Path(tempfile.mkdtemp(prefix="gpu-check-sim-"))
+    for algorithm in ("fedaux", "fediih"):
+        row: dict[str, Any] = {"algorithm": algorithm}
+        rows.append(row)
+        if time.perf_counter() > deadline:
+            row["error"] = "not run: the part's time was spent"
+            continue
+        overrides = {"algorithm": algorithm, "dataset": args.dataset, "num-clients": k,
+                     "rounds": max(2, args.flower_rounds), "device": args.device,
+                     "data-root": args.data_root, "output-dir": str(out), "run-name": algorithm,
+                     "round-timeout": 600.0, **dict(kv.split("=", 1) for kv in args.set)}
+        if algorithm == "fediih":
+            overrides["config-file"] = str(ROOT / "configs" / "fediih" / "cora-disjoint-10.yaml")
+        try:
+            t0 = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                simulate(make_server_app(overrides), make_client_app(), num_supernodes=k,
+                         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
+                                         "init_args": {"num_cpus": os.cpu_count() or 1,
+                                                       "include_dashboard": False}})
+            res = json.loads((out / algorithm / "results.json").read_text())
+            times = [r["times"]["round"] for r in res["rounds"]]
+            row.update(round_s_median=round(median_round_s(res["rounds"]), 3),
+                       round_s_min=round(min(times[1:] or times), 3),
+                       round_s_max=round(max(times[1:] or times), 3), round1_s=round(times[0], 3),
+                       devices=sorted({c["device"] for c in res["clients"].values()}),
+                       failures=sum(len(r["failures"]) for r in res["rounds"]),
+                       wall_s=round(time.perf_counter() - t0, 1))
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = one_line(exc)
+        print(f"gpu_check simulation: {json.dumps(row)}", flush=True)
+        check.save()
+
+
+# --- part 4: arxiv size ---------------------------------------------------------------------
 def part_arxiv(check: Check, budget: float) -> None:
     args = check.args
     rows: list[dict[str, Any]] = []
@@ -309,9 +383,15 @@ def markdown(record: dict[str, Any]) -> str:
                        "nondeterministic_ops"],
                       [{**r, "finals": f"{r.get('final_test_device')} / {r.get('final_test_cpu')}"}
                        for r in p["rows"]])
+        synced = [r for r in p["rows"] if r.get("sync_sites") is not None]
+        if synced:
+            out += ["", "Host round trips on the device (torch's sync debug mode), per round:", ""]
+            out += _table(["algorithm", "syncs per round", "where most are made"],
+                          ["algorithm", "host_syncs_per_round", "sync_sites"], synced)
         out.append("")
     for part, what in (("flower", "A Flower deployment on 127.0.0.1 (SuperLink + SuperNodes, no Ray)"),
-                       ("cpu-cores", "The same deployment with every ClientApp on the CPU")):
+                       ("simulation", "A Flower simulation (Ray), the ClientApps sharing the device"),
+                       ("cpu-cores", "The deployment with every ClientApp on the CPU")):
         if part in parts:
             p = parts[part]
             out += [f"**{what}**, {p['clients']} clients, device {p['device']}.", ""]
@@ -352,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="part 1 under torch.use_deterministic_algorithms(True, "
                     "warn_only=True): ops without a deterministic version are named, not "
                     "refused")
+    ap.add_argument("--syncs", action="store_true",
+                    help="part 1 on CUDA: count the host round trips (torch's sync debug "
+                    "mode) and name the 5 lines making most; slows the device runs")
     ap.add_argument("--partitions", type=Path, default=DEFAULT_PARTITIONS,
                     help="parts 2 and 4: folder of client_<i>.npz")
     ap.add_argument("--flower-rounds", type=int, default=6)
@@ -373,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         ap.error(str(exc))
     check = Check(args)
-    check.record["deterministic"] = args.deterministic
-    shares = {"algorithms": 0.45, "flower": 0.2, "arxiv": 0.25, "cpu-cores": 0.1}
+    check.record.update(deterministic=args.deterministic, syncs=args.syncs)
+    shares = {"algorithms": 0.5, "flower": 0.15, "simulation": 0.15, "arxiv": 0.25,
+              "cpu-cores": 0.1}
     chosen = [p for p in PARTS if p in args.parts]
     for i, part in enumerate(chosen):
         rest = sum(shares[p] for p in chosen[i:])
@@ -387,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.use_deterministic_algorithms(False)
         elif part == "flower":
             part_deployment(check, "flower", args.device, budget)
+        elif part == "simulation":
+            part_simulation(check, budget)
         elif part == "arxiv":
             part_arxiv(check, budget)
         else:

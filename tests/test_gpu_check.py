@@ -79,3 +79,19 @@ def test_the_deployment_part_on_the_cpu(tmp_path, synthetic_root):
     assert [r["algorithm"] for r in rows] == ["fedaux", "fediih"]
     assert all("error" not in r and r["round_s_median"] > 0 for r in rows), rows
     assert 'device="cpu"' in rows[0]["set"]
+
+
+@pytest.mark.simulation
+@pytest.mark.slow
+def test_the_simulation_part_on_the_cpu(tmp_path, synthetic_root):
+    out = tmp_path / "out"
+    assert _gpu_check().main([
+        "--out", str(out), "--data-root", str(synthetic_root), "--device", "cpu",
+        "--parts", "simulation", "--dataset", "SBM", "--clients", "2", "--flower-rounds", "2",
+        "--set", "hidden=16"]) == 0
+    part = json.loads((out / "gpu_check.json").read_text())["parts"]["simulation"]
+    assert part["gpus_per_clientapp"] == 0.0
+    assert [r["algorithm"] for r in part["rows"]] == ["fedaux", "fediih"]
+    for row in part["rows"]:
+        assert "error" not in row, row
+        assert row["devices"] == ["cpu"] and row["failures"] == 0 and row["round_s_median"] > 0
