@@ -483,4 +483,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Flower simulation whose Ray runtime crashed leaves threads that keep the interpreter
+    # alive, which on a GPU slot would burn its minutes: everything is written by now.
+    os._exit(code)
