@@ -49,6 +49,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,24 @@ class Check:
         self.record["elapsed_s"] = round(time.perf_counter() - self.t0, 1)
         (self.out / "gpu_check.json").write_text(json.dumps(self.record, indent=1) + "\n")
         (self.out / "gpu_check.md").write_text(markdown(self.record))
+
+
+def rows_within(check: Check, part: str, names: list[str], budget: float
+                ) -> Iterator[dict[str, Any]]:
+    """A row per name in the part's record (``check.record["parts"][part]["rows"]``), each
+    handed out while the part's ``budget`` lasts (the rest say so), then printed and saved."""
+    rows = check.record["parts"][part]["rows"]
+    deadline = time.perf_counter() + budget
+    for name in names:
+        row: dict[str, Any] = {"algorithm": name}
+        rows.append(row)
+        if time.perf_counter() > deadline:
+            row["error"] = "not run: the part's time was spent"
+        else:
+            yield row
+        shown = {k: v for k, v in row.items() if k != "traceback"}
+        print(f"gpu_check {part}: {json.dumps(shown)}", flush=True)
+        check.save()
 
 
 # --- part 1: every algorithm, the device against the CPU ----------------------------------
@@ -170,19 +189,13 @@ def part_algorithms(check: Check, budget: float) -> None:
 
     args = check.args
     names = args.algorithms or [*FIRST, *sorted(set(ALGORITHMS) - set(FIRST))]
-    rows: list[dict[str, Any]] = []
     check.record["parts"]["algorithms"] = {
-        "dataset": args.dataset, "clients": args.clients, "rounds": args.rounds, "rows": rows}
-    deadline = time.perf_counter() + budget
+        "dataset": args.dataset, "clients": args.clients, "rounds": args.rounds, "rows": []}
     base = {"dataset": args.dataset, "num-clients": args.clients, "rounds": args.rounds,
             "seed": 0, "data-root": args.data_root, "round-timeout": 1800.0,
             **dict(kv.split("=", 1) for kv in args.set)}
-    for name in names:
-        row: dict[str, Any] = {"algorithm": name}
-        rows.append(row)
-        if time.perf_counter() > deadline:
-            row["error"] = "not run: the part's time was spent"
-            continue
+    for row in rows_within(check, "algorithms", names, budget):
+        name = row["algorithm"]
         try:
             keys = {**base, **short_run_keys(name, args.rounds), "algorithm": name}
             on_device = run_in_process({**keys, "device": args.device}, syncs=args.syncs)
@@ -201,13 +214,10 @@ def part_algorithms(check: Check, budget: float) -> None:
         except Exception as exc:  # noqa: BLE001 - one algorithm's failure is a finding
             row["error"] = one_line(exc)
             row["traceback"] = traceback.format_exc(limit=-4)
-        print(f"gpu_check algorithms: {json.dumps({k: v for k, v in row.items() if k != 'traceback'})}",
-              flush=True)
-        check.save()
 
 
 # --- parts 2 and 5: a real Flower deployment on this machine ------------------------------
-def deployment_round(check: Check, algorithm: str, device: str, budget: float) -> dict[str, Any]:
+def deployment_round(check: Check, algorithm: str, device: str) -> dict[str, Any]:
     """``benchmarks/deploy_round.py`` for ``algorithm`` with ``device``: its JSON row."""
     sys.path.insert(0, str(HERE))
     import deploy_round
@@ -231,28 +241,16 @@ def deployment_round(check: Check, algorithm: str, device: str, budget: float) -
         raise RuntimeError(f"deploy_round exited {code}: {out.getvalue().strip()[-300:]}")
     row = json.loads(lines[-1])
     row["wall_s"] = round(time.perf_counter() - t0, 1)
-    if row["wall_s"] > budget:
-        row["note"] = f"took {row['wall_s']} s of a {budget:.0f} s share"
     return row
 
 
 def part_deployment(check: Check, part: str, device: str, budget: float) -> None:
-    rows: list[dict[str, Any]] = []
-    check.record["parts"][part] = {"clients": check.args.clients, "device": device, "rows": rows}
-    deadline = time.perf_counter() + budget
-    for algorithm in ("fedaux", "fediih"):
-        row: dict[str, Any] = {"algorithm": algorithm}
-        rows.append(row)
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            row["error"] = "not run: the part's time was spent"
-            continue
+    check.record["parts"][part] = {"clients": check.args.clients, "device": device, "rows": []}
+    for row in rows_within(check, part, ["fedaux", "fediih"], budget):
         try:
-            row.update(deployment_round(check, algorithm, device, left))
+            row.update(deployment_round(check, row["algorithm"], device))
         except Exception as exc:  # noqa: BLE001
             row["error"] = one_line(exc)
-        print(f"gpu_check {part}: {json.dumps(row)}", flush=True)
-        check.save()
 
 
 # --- part 3: a Flower simulation (Ray) with the ClientApps sharing the device ----------------
@@ -268,17 +266,11 @@ def part_simulation(check: Check, budget: float) -> None:
     args = check.args
     k = args.clients
     gpus = 1.0 / k if args.device.startswith("cuda") else 0.0
-    rows: list[dict[str, Any]] = []
     check.record["parts"]["simulation"] = {"clients": k, "device": args.device,
-                                           "gpus_per_clientapp": gpus, "rows": rows}
-    deadline = time.perf_counter() + budget
+                                           "gpus_per_clientapp": gpus, "rows": []}
     out = Path(tempfile.mkdtemp(prefix="gpu-check-sim-"))
-    for algorithm in ("fedaux", "fediih"):
-        row: dict[str, Any] = {"algorithm": algorithm}
-        rows.append(row)
-        if time.perf_counter() > deadline:
-            row["error"] = "not run: the part's time was spent"
-            continue
+    for row in rows_within(check, "simulation", ["fedaux", "fediih"], budget):
+        algorithm = row["algorithm"]
         overrides = {"algorithm": algorithm, "dataset": args.dataset, "num-clients": k,
                      "rounds": max(2, args.flower_rounds), "device": args.device,
                      "data-root": args.data_root, "output-dir": str(out), "run-name": algorithm,
@@ -302,23 +294,15 @@ def part_simulation(check: Check, budget: float) -> None:
                        wall_s=round(time.perf_counter() - t0, 1))
         except Exception as exc:  # noqa: BLE001
             row["error"] = one_line(exc)
-        print(f"gpu_check simulation: {json.dumps(row)}", flush=True)
-        check.save()
 
 
 # --- part 4: arxiv size ---------------------------------------------------------------------
 def part_arxiv(check: Check, budget: float) -> None:
     args = check.args
-    rows: list[dict[str, Any]] = []
     check.record["parts"]["arxiv"] = {"dataset": args.arxiv_dataset, "clients": 5,
-                                      "rounds": args.arxiv_rounds, "rows": rows}
-    deadline = time.perf_counter() + budget
-    for algorithm in ("fedaux", "fediih"):
-        row: dict[str, Any] = {"algorithm": algorithm}
-        rows.append(row)
-        if time.perf_counter() > deadline:
-            row["error"] = "not run: the part's time was spent"
-            continue
+                                      "rounds": args.arxiv_rounds, "rows": []}
+    for row in rows_within(check, "arxiv", ["fedaux", "fediih"], budget):
+        algorithm = row["algorithm"]
         overrides = {"config-file": str(ROOT / "configs" / "scale" / f"{algorithm}-synthetic-arxiv.yaml"),
                      "dataset": args.arxiv_dataset, "num-clients": 5, "rounds": args.arxiv_rounds,
                      "data-root": args.data_root, "device": args.device,
@@ -336,9 +320,6 @@ def part_arxiv(check: Check, budget: float) -> None:
         except Exception as exc:  # noqa: BLE001
             row["error"] = one_line(exc)
             row["traceback"] = traceback.format_exc(limit=-4)
-        print(f"gpu_check arxiv: {json.dumps({k: v for k, v in row.items() if k != 'traceback'})}",
-              flush=True)
-        check.save()
 
 
 # --- the tables --------------------------------------------------------------------------
