@@ -165,7 +165,7 @@ def test_flower_simulation_matches_inprocess(tmp_path, request, dataset):
                    "client-state-token"}
     train_keys = set(json.loads((seen / "train.json").read_text()))
     assert train_keys == set(client_keys()) | set(get_algorithm("fedavg").options.keys()) | engine_keys
-    assert len(train_keys) == len(client_keys()) + 1 + 4 == 39  # fedavg has one option
+    assert len(train_keys) == len(client_keys()) + 1 + 4 == 40  # fedavg has one option
     assert set(json.loads((seen / "query.json").read_text())) <= train_keys
     flower = json.loads((tmp_path / "flower" / "results.json").read_text())
     assert [r["round"] for r in flower["rounds"]] == [1, 2]
