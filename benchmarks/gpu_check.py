@@ -53,11 +53,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PARTS = ("algorithms", "flower", "simulation", "arxiv", "cpu-cores")
 #: The project's own methods first: a slot cut short has measured them.
 FIRST = ("fedaux", "fediih", "fedspray")
+FEDIIH_CORA_10 = ROOT / "configs" / "fediih" / "cora-disjoint-10.yaml"
 DEFAULT_PARTITIONS = ROOT.parent / "shared" / "reference-partitions" / "fedaux-cora-disjoint-10"
 #: What torch's warn-only determinism says of an op without a deterministic version.
 NONDETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementation")
@@ -69,6 +72,11 @@ def short_run_keys(algorithm: str, rounds: int) -> dict[str, Any]:
     20 by default) cut to half the run."""
     return {"adafgl": {"adafgl-rounds-step1": max(1, rounds - 2)},
             "fedsage": {"fedsage-gen-rounds": max(1, rounds // 2)}}.get(algorithm, {})
+
+
+def extra_keys(args: argparse.Namespace) -> dict[str, str]:
+    """``--set KEY=VALUE ...`` as run-config overrides (typed when the config resolves)."""
+    return dict(kv.split("=", 1) for kv in args.set)
 
 
 def one_line(exc: BaseException) -> str:
@@ -193,7 +201,7 @@ def part_algorithms(check: Check, budget: float) -> None:
         "dataset": args.dataset, "clients": args.clients, "rounds": args.rounds, "rows": []}
     base = {"dataset": args.dataset, "num-clients": args.clients, "rounds": args.rounds,
             "seed": 0, "data-root": args.data_root, "round-timeout": 1800.0,
-            **dict(kv.split("=", 1) for kv in args.set)}
+            **extra_keys(args)}
     for row in rows_within(check, "algorithms", names, budget):
         name = row["algorithm"]
         try:
@@ -225,10 +233,12 @@ def deployment_round(check: Check, algorithm: str, device: str) -> dict[str, Any
     args = check.args
     rounds = max(2, args.flower_rounds)
     keys = [f'device="{device}"', *args.set]
-    hidden = 256
-    if algorithm == "fediih":  # its Cora-10 settings (configs/fediih), not FedAux's
-        hidden = 128
-        keys += ["fediih-routing-layers=4", "lr=0.02", "dropout=0.3", "weight-decay=0.005"]
+    hidden = 256  # FedAux: the defaults
+    if algorithm == "fediih":  # its Cora-10 config's training keys (the files are the partition)
+        settings = yaml.safe_load(FEDIIH_CORA_10.read_text())
+        hidden = settings.pop("hidden")
+        keys += [f"{k}={json.dumps(v)}" for k, v in settings.items()
+                 if k not in ("algorithm", "dataset", "num-clients", "partition", "rounds", "seed")]
     argv = ["--partitions", str(args.partitions), "--clients", str(args.clients),
             "--rounds", str(rounds), "--algorithm", algorithm, "--hidden", str(hidden),
             "--set", *keys]
@@ -255,35 +265,31 @@ def part_deployment(check: Check, part: str, device: str, budget: float) -> None
 
 # --- part 3: a Flower simulation (Ray) with the ClientApps sharing the device ----------------
 def part_simulation(check: Check, budget: float) -> None:
-    """Cora-``--clients`` FedAux and FedIIH as Flower simulations (``run_simulation``, Ray):
-    every ClientApp reserves one CPU and 1/K of the GPU, so all K share it at once."""
+    """Cora-``--clients`` FedAux and FedIIH as Flower simulations
+    (:func:`fedgraph_flwr.experiments.run_flower_cell`: Ray, each ClientApp one CPU and
+    1/K of the GPU unless ``device=cpu``), so all K share the GPU at once."""
     import tempfile
 
-    from fedgraph_flwr.engine.client_app import make_client_app
-    from fedgraph_flwr.engine.server_app import make_server_app
-    from fedgraph_flwr.engine.simulation import simulate
+    from fedgraph_flwr.experiments import run_flower_cell
 
     args = check.args
     k = args.clients
-    gpus = 1.0 / k if args.device.startswith("cuda") else 0.0
-    check.record["parts"]["simulation"] = {"clients": k, "device": args.device,
-                                           "gpus_per_clientapp": gpus, "rows": []}
+    check.record["parts"]["simulation"] = {
+        "clients": k, "device": args.device,
+        "gpus_per_clientapp": 1.0 / k if args.device.startswith("cuda") else 0.0, "rows": []}
     out = Path(tempfile.mkdtemp(prefix="gpu-check-sim-"))
     for row in rows_within(check, "simulation", ["fedaux", "fediih"], budget):
         algorithm = row["algorithm"]
         overrides = {"algorithm": algorithm, "dataset": args.dataset, "num-clients": k,
                      "rounds": max(2, args.flower_rounds), "device": args.device,
                      "data-root": args.data_root, "output-dir": str(out), "run-name": algorithm,
-                     "round-timeout": 600.0, **dict(kv.split("=", 1) for kv in args.set)}
+                     "round-timeout": 600.0, **extra_keys(args)}
         if algorithm == "fediih":
-            overrides["config-file"] = str(ROOT / "configs" / "fediih" / "cora-disjoint-10.yaml")
+            overrides["config-file"] = str(FEDIIH_CORA_10)
         try:
             t0 = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
-                simulate(make_server_app(overrides), make_client_app(), num_supernodes=k,
-                         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
-                                         "init_args": {"num_cpus": os.cpu_count() or 1,
-                                                       "include_dashboard": False}})
+                run_flower_cell(overrides, num_cpus=os.cpu_count() or 1)
             res = json.loads((out / algorithm / "results.json").read_text())
             times = [r["times"]["round"] for r in res["rounds"]]
             row.update(round_s_median=round(median_round_s(res["rounds"]), 3),
@@ -307,7 +313,7 @@ def part_arxiv(check: Check, budget: float) -> None:
                      "dataset": args.arxiv_dataset, "num-clients": 5, "rounds": args.arxiv_rounds,
                      "data-root": args.data_root, "device": args.device,
                      "client-state-dir": str(Path(args.data_root) / "client-state" / algorithm),
-                     **dict(kv.split("=", 1) for kv in args.set)}
+                     **extra_keys(args)}
         try:
             run = run_in_process(overrides)
             times = [r["times"]["round"] for r in run["rounds"]]
