@@ -98,7 +98,7 @@ def run_name(overrides: dict[str, Any]) -> str:
     cfg = resolve_config(None, overrides)
     values = cfg.to_config()
     extra = [f"{k}={v}" for k, v in sorted(overrides.items())
-             if k not in (*CELL_KEYS, "seed", "output-dir", "run-name", "data-root", "device")]
+             if k not in (*CELL_KEYS, *NOT_IN_RUN_NAME)]
     base = "-".join(str(values[k]) for k in CELL_KEYS) + f"-seed{cfg.seed}"
     if extra:
         import hashlib
@@ -238,6 +238,9 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
 # GPU and one on a CPU are the same run: torch's kernels differ there only by rounding.
 NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose",
                  "device")
+# The NOT_CELL_KEYS a run folder's name leaves out: config-file and verbose stay in it, as
+# the folders of grids already run were named with them.
+NOT_IN_RUN_NAME = ("seed", "output-dir", "run-name", "data-root", "device")
 # Engine keys that change how a run is served, not its numbers.
 NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
                    "client-state", "client-state-dir", "max-array-bytes", "memory-limit",

@@ -174,8 +174,8 @@ def _failures_note(by_client: dict[str, Any]) -> str:
 
 
 def client_rows(results: dict[str, Any]) -> list[list[str]]:
-    """Per client: its subgraph, the device it trained on, its best-val round and figures there (a bar for the
-    test figure), and how often it failed."""
+    """Per client: its subgraph, the device it trained on, its best-val round and figures
+    there (a bar for the test figure), and how often it failed."""
     final = results.get("final", {})
     per_client = final.get("per_client", {})
     failed = final.get("failures_by_client", {})
