@@ -53,6 +53,19 @@ METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
 SECURE_AGGREGATIONS = ("off", "ckks")
+ROBUST_RULES = ("none", "norm-bound", "trimmed-mean", "median", "krum", "multi-krum", "bulyan")
+#: The robust rules that replace a row of the mixing plan (they need the algorithm's plan).
+ROBUST_ROW_RULES = ("median", "trimmed-mean", "bulyan")
+
+
+def robust_min_clients(rule: str, malicious: int) -> int:
+    """The fewest clients robust ``rule`` tolerates ``malicious`` hostile ones among
+    (Flower's bounds: Krum n ≥ 2f + 3, Bulyan n ≥ 4f + 3)."""
+    if rule in ("krum", "multi-krum"):
+        return 2 * malicious + 3
+    if rule == "bulyan":
+        return 4 * malicious + 3
+    return 1
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -164,11 +177,19 @@ class ServerSettings(Options):
     round_timeout: float = option(120.0, "seconds a round may take", low=0.0, low_inclusive=False)
     handshake_timeout: float = option(600.0, "seconds to wait for every client to answer the "
                                       "handshake", low=0.0, low_inclusive=False)
-    min_clients: int = option(0, "fewest valid replies a round needs (0 = 1)", low=0)
+    min_clients: int = option(0, "fewest valid replies a round needs; a round with fewer is "
+                              "void and, when set (> 0), ends the run (0: rounds go on)", low=0)
     fail_fast: bool = option(False, "stop the run at a client's first failure")
     resume: bool = option(False, "continue from the run folder's checkpoint")
     max_array_bytes: int = option(512 * 1024 * 1024, "largest reply a client may send (bytes)",
                                   low=1)
+    robust: str = option("none", "robust aggregation against hostile clients: each client's "
+                         "row of the mixing plan by none | norm-bound | trimmed-mean | median | "
+                         "krum | multi-krum | bulyan (docs/robustness.md)", choices=ROBUST_RULES)
+    robust_malicious: int = option(1, "robust: f, the hostile clients tolerated (krum, "
+                                   "multi-krum, bulyan)", low=0)
+    robust_trim_beta: float = option(0.2, "robust=trimmed-mean: the share of each row's weight "
+                                     "cut from each end", low=0.0, high=0.5, high_inclusive=False)
     server_mix_dtype: str = option("float64", "float64: the published numbers; float32 halves "
                                    "personalized mixing for many clients", choices=MIX_DTYPES)
     verbose: bool = option(True, "log each round")
@@ -303,6 +324,7 @@ class RunConfig(ServerSettings, ClientConfig):
             from .secure_aggregation import check_method  # local import: tenseal
 
             check_method(self)
+        self._check_robust()
 
     def _check_dp(self) -> None:
         """dp settings this algorithm can honour, and none set while dp=off."""
@@ -320,6 +342,27 @@ class RunConfig(ServerSettings, ClientConfig):
         if not self.dp_noise_multiplier and not self.dp_epsilon:
             raise ConfigError(f"dp={self.dp} needs dp-epsilon (a budget the noise is calibrated "
                               f"to) or dp-noise-multiplier > 0")
+
+    def _check_robust(self) -> None:
+        """A ``robust`` setting this run can honour (engine/robust.py applies it)."""
+        rule = self.robust
+        if rule == "none":
+            return
+        if self.secure_aggregation != "off":
+            raise ConfigError(
+                f"robust={rule} needs the uploads in the clear, but under secure-aggregation="
+                f"{self.secure_aggregation} the server holds only ciphertexts: use one of the "
+                f"two (docs/robustness.md, 'Under ckks')")
+        if rule in ROBUST_ROW_RULES and not get_algorithm(self.algorithm).aggregator.has_mixing_plan():
+            raise ConfigError(
+                f"robust={rule} makes each client's row of the mixing plan robust, and "
+                f"algorithm={self.algorithm} has no mixing plan: use robust=norm-bound, krum "
+                f"or multi-krum, which screen the updates before its own aggregation")
+        need = robust_min_clients(rule, self.robust_malicious)
+        if self.num_clients < need:
+            raise ConfigError(
+                f"robust={rule} with robust-malicious={self.robust_malicious} needs at least "
+                f"{need} clients, num-clients={self.num_clients}: lower robust-malicious")
 
     def to_config(self) -> dict[str, Any]:
         """``{key: value}``: the common keys, then the algorithm's (results.json, checkpoints)."""

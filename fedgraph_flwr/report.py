@@ -192,6 +192,28 @@ def client_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+#: Most rows of the per-round events table (a run with a client down for 1,000 rounds).
+MAX_EVENT_ROWS = 500
+
+
+def event_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Per round and client, in one line: why its reply failed or was rejected, and what
+    robust aggregation did to its update (clipped, left out, its count capped)."""
+    rows = []
+    for r in results.get("rounds", []):
+        events = {c: [f"failed: {why}" if not why.startswith("rejected") else why]
+                  for c, why in r.get("failures", {}).items()}
+        for c, note in r.get("robust", {}).items():
+            events.setdefault(c, []).append(f"robust={results.get('config', {}).get('robust')}: "
+                                            f"{note}")
+        rows += [[str(r["round"]), c, "; ".join(lines)]
+                 for c, lines in sorted(events.items(), key=lambda kv: int(kv[0]))]
+    if len(rows) > MAX_EVENT_ROWS:
+        rows = rows[:MAX_EVENT_ROWS] + [["…", "", f"{len(rows) - MAX_EVENT_ROWS} more rows in "
+                                                 f"results.json (rounds[].failures, .robust)"]]
+    return rows
+
+
 CLIENT_HEADER = ["client", "nodes", "edges", "train", "val", "test", "device", "best-val round",
                  "val (%)", "test (%)", "failures"]
 
@@ -262,6 +284,10 @@ def run_report_html(results: dict[str, Any], run_dir: Path) -> str:
             run_curves_png(results), "mean over all clients' held models per round; dotted: "
             "the best mean-val round"))
     parts.append("<h2>Per client</h2>" + table(CLIENT_HEADER, client_rows(results), raw=True))
+    events = event_rows(results)
+    if events:
+        parts.append("<h2>Failed, rejected and screened replies</h2>"
+                     + table(["round", "client", "what happened"], events, left=3))
     costs = _png(run_dir / "costs.png")
     parts.append("<h2>Costs</h2>" + table(["total", ""], cost_rows(results))
                  + (f"<div style='margin-top:10px'>{figure(costs, 'bytes and seconds per round')}"

@@ -224,6 +224,15 @@ class ClientTrainer(ABC):
         """Compact per-client summary sent as metrics (size independent of node count)."""
         return {}
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The names and shapes of :meth:`signature`'s arrays under ``config``: the server
+        holds every train reply's signature to exactly these (engine/replies.py), never
+        to what some client sent first. A trainer that overrides :meth:`signature`
+        declares it here (a test compares the two for every registered algorithm)."""
+        return {}
+
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """Handle a non-train phase's request (``arrays`` from ``Aggregator.configure``)."""
         raise NotImplementedError(f"{type(self).__name__} declares no phase {phase.name!r}")
@@ -266,6 +275,13 @@ class Aggregator(ABC):
         (never ``update.arrays``, which are ciphertexts under ``secure-aggregation=ckks``).
         Only methods whose payloads are such mixtures define it."""
         raise NotImplementedError(f"{type(self).__name__} has no mixing plan")
+
+    def clear_mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """The weights ``aggregate`` mixes with when the uploads are in the clear (robust
+        aggregation combines each row robustly, engine/robust.py). The same as
+        :meth:`mixing_plan` unless ``aggregate`` reads its weights from the uploads
+        (FedAux's APV, FED-PUB's functional embedding)."""
+        return self.mixing_plan(server_round, updates)
 
     @classmethod
     def has_mixing_plan(cls) -> bool:

@@ -128,6 +128,12 @@ class FedAuxTrainer(SupervisedTrainer):
             num_layers=config.num_layers,
         )
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The APV [hidden]."""
+        return {APV_KEY: (config.hidden,)}
+
     def signature(self) -> Arrays:
         """The APV, which the server compares clients by."""
         return {APV_KEY: self.model.apv.detach().cpu().numpy().astype(np.float32)}
@@ -173,7 +179,7 @@ class FedAuxAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Personalized models mixed by the softmax of APV similarities (Eqs. 7-8)."""
         ids = sorted(updates)
-        plan = self._plan(ids, np.stack([self._apv_of(updates[c]) for c in ids]))
+        plan = self.clear_mixing_plan(server_round, updates)
         mixed = mix(plan.matrices[0], [updates[c].arrays for c in ids], self.mix_dtype)  # Eq. 8
         payloads: dict[int, Arrays] = dict(zip(ids, mixed))
         return AggregateResult(payloads=payloads, diagnostics=plan.diagnostics,
@@ -186,6 +192,11 @@ class FedAuxAggregator(Aggregator):
         apvs = [np.asarray(updates[c].signature[APV_KEY], dtype=np.float64).reshape(-1)
                 for c in ids]
         return self._plan(ids, np.stack(apvs))
+
+    def clear_mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """:meth:`aggregate`'s weights: from the uploaded APVs (the signature under dp)."""
+        ids = sorted(updates)
+        return self._plan(ids, np.stack([self._apv_of(updates[c]) for c in ids]))
 
     def _plan(self, ids: list[int], apvs: np.ndarray) -> MixingPlan:
         similarity = cosine_similarity(apvs)  # S_kl = cos(a_k, a_l)

@@ -296,6 +296,14 @@ class FedGTATrainer(EvaluatesReceivedModel, SupervisedTrainer):
         return (moments(raw, opts.num_moments, opts.moment_type),
                 smoothing_confidence(sharp, self.degree).reshape(1))
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The moments [P·C] ([2·P·C] hybrid) and the confidence [1]."""
+        opts = config.options_of(FedGTAOptions)
+        blocks = 2 if opts.moment_type == "hybrid" else 1
+        return {MOMENTS_KEY: (blocks * opts.num_moments * num_classes,), CONFIDENCE_KEY: (1,)}
+
     def signature(self) -> Arrays:
         """Label-propagation moments and the mean confidence, which the server compares clients by."""
         signature, confidence = self.topology_summary()

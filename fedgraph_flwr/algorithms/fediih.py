@@ -266,6 +266,14 @@ class FedIIHTrainer(SupervisedTrainer):
             logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
         return evaluation_metrics(logits, data, self.metric, val_loss=val_loss)
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """μ [K, d_k], and ℓ [K, d_k] unless the encoder is deterministic."""
+        opts = config.options_of(FedIIHOptions)
+        shape = (opts.factors, config.hidden)
+        return {"mu": shape} if opts.inference == "deterministic" else {"mu": shape, "logvar": shape}
+
     def signature(self) -> Arrays:
         """Per-factor node-means of μ and ℓ, each [K, d_k] float32 (nothing per node);
         μ's alone under the deterministic encoder."""

@@ -331,6 +331,13 @@ class FedLitTrainer(EvaluatesReceivedModel, SupervisedTrainer):
             self.centroids = torch.as_tensor(np.asarray(arrays[CENTROIDS_KEY]),
                                              dtype=torch.float32, device=self.device).clone()
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The centroids [K, 2·hidden] and the training count of each type [K]."""
+        types = config.options_of(FedLitOptions).link_types
+        return {CENTROIDS_KEY: (types, 2 * config.hidden), CLUSTER_TRAIN_KEY: (types,)}
+
     def signature(self) -> Arrays:
         """The link-type centroids and the training count of each type."""
         if self.centroids is None:  # never trained: k-means of the current model, not kept

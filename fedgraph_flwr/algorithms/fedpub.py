@@ -149,6 +149,12 @@ class FedPubTrainer(SupervisedTrainer):
     received: dict[str, torch.Tensor] | None = None
     _proxy: tuple[MaskedGCN, Data] | None = None
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The functional embedding [hidden] under ckks; nothing otherwise."""
+        return {EMBEDDING_KEY: (config.hidden,)} if config.secure_aggregation == "ckks" else {}
+
     def signature(self) -> Arrays:
         """Under ``secure-aggregation=ckks`` the functional embedding [hidden] on the run's
         proxy graph (FED-PUB's client computes it too); otherwise nothing (the server
@@ -260,8 +266,7 @@ class FedPubAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Personalized models mixed by the softmax of functional-embedding similarities."""
         ids = sorted(updates)
-        plan = self._plan(ids, np.stack([self.functional_embedding(updates[c].arrays)
-                                         for c in ids]))
+        plan = self.clear_mixing_plan(server_round, updates)
         mixed = mix(plan.matrices[0], [updates[c].arrays for c in ids], self.mix_dtype,
                     rowwise=True)
         return AggregateResult(payloads=dict(zip(ids, mixed)), diagnostics=plan.diagnostics,
@@ -273,6 +278,12 @@ class FedPubAggregator(Aggregator):
         ids = sorted(updates)
         return self._plan(ids, np.stack([np.asarray(updates[c].signature[EMBEDDING_KEY],
                                                     dtype=np.float64) for c in ids]))
+
+    def clear_mixing_plan(self, server_round: int, updates: dict[int, ClientUpdate]) -> MixingPlan:
+        """:meth:`aggregate`'s weights: from the embeddings of the uploaded models."""
+        ids = sorted(updates)
+        return self._plan(ids, np.stack([self.functional_embedding(updates[c].arrays)
+                                         for c in ids]))
 
     def _plan(self, ids: list[int], emb: np.ndarray) -> MixingPlan:
         # Unclipped, one product per client: FED-PUB's order before mixing.py, same bits.

@@ -230,6 +230,13 @@ class FedSprayTrainer(ClientTrainer):
         """a^(k) [d_c]: fraction of this client's labelled nodes in each class."""
         return self.class_counts.float() / max(int(self.train_index.numel()), 1)
 
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The class proxies [C, d_s] and class ratios [C]."""
+        proxy_dim = config.options_of(FedSprayOptions).proxy_dim
+        return {"class_proxies": (num_classes, proxy_dim), "class_ratios": (num_classes,)}
+
     def signature(self) -> Arrays:
         """Class proxies and class ratios, which the server aligns and averages."""
         return {

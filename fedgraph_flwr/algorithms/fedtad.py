@@ -65,7 +65,7 @@ from .options import ConfigError, Options, option
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from ..config import ClientConfig, RunConfig
 
 CKR_KEY = "ckr"
 #: Edges per chunk of the CKR's cosine similarities (bounds memory at chunk × features).
@@ -175,6 +175,12 @@ class FedTADTrainer(EvaluatesReceivedModel, GCNTrainer):
             self.ckr = class_knowledge_reliability(data.x, data.edge_index, data.y, data.train_mask,
                                                    self.num_classes, walks)
         return self.ckr
+
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The CKR [C]."""
+        return {CKR_KEY: (num_classes,)}
 
     def signature(self) -> Arrays:
         """The CKR, un-normalised (the server normalises it by ``fedtad-ckr-norm``)."""

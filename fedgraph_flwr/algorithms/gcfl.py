@@ -43,7 +43,7 @@ from .mixing import cosine_similarity
 from .options import Options, option
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from ..config import ClientConfig, RunConfig
 
 MODES = ("gcfl", "gcfl+", "gcfl+dws")
 GRAD_NORM = "grad-norm"
@@ -79,6 +79,12 @@ class GCFLTrainer(GCNTrainer):
         self.last_grad_norm = float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
         out["grad_norm"] = self.last_grad_norm
         return out
+
+    @classmethod
+    def signature_shapes(cls, num_features: int, num_classes: int, config: ClientConfig
+                         ) -> dict[str, tuple[int, ...]]:
+        """The last local step's gradient norm [1]."""
+        return {GRAD_NORM: (1,)}
 
     def signature(self) -> Arrays:
         """The last local step's gradient norm."""

@@ -165,6 +165,8 @@ class RoundDriver:
         record.times["round"] = time.perf_counter() - t0  # with aggregation
         if abort:
             self.abort(fed, server_round, failures)
+        if self.config.min_clients and len(record.clients) < self.config.min_clients:
+            self.stop_below_floor(fed, server_round, len(record.clients), record.failures)
         self.log(
             f"round {server_round}/{self.config.rounds}: mean val "
             f"{100 * record.mean('val_metric'):.2f} test {100 * record.mean('test_metric'):.2f} "
@@ -186,6 +188,17 @@ class RoundDriver:
             fed.complete_round(server_round, sampled, {}, failures, sent,
                                times={"round": time.perf_counter() - t0}, aggregate=False)
         self.abort(fed, server_round, failures)
+
+    def stop_below_floor(self, fed: Federation, server_round: int, valid: int,
+                         failures: dict[int, str]) -> None:
+        """``min-clients``: a round left with fewer valid replies ends the run, with what
+        it has written and why (each failed client's first reason)."""
+        out = fed.write_results()
+        why = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items())[:5])
+        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+        raise RunAborted(f"min-clients: round {server_round} had {valid} valid replies, fewer "
+                         f"than min-clients={self.config.min_clients} ({why}{more}); results in "
+                         f"{(out / 'results.json').resolve()}")
 
     def abort(self, fed: Federation, server_round: int, failures: dict[int, str]) -> None:
         """Write what the run has and stop it with a one-line reason (:class:`RunAborted`)."""

@@ -27,6 +27,7 @@ from .ledger import ClientStateLedger
 from .privacy_budget import PrivacyBudget
 from .recorder import RoundLog
 from .replies import ReplyValidator
+from .robust import RobustAggregation
 from .roster import Roster
 from .run_recorder import RunRecorder
 from .transport import ClientReply, ClientRequest
@@ -64,8 +65,13 @@ class Federation:
             self.initial)
         self.payloads: dict[int, Arrays] = {}
         self.mixer = self._ciphertext_mixer()
-        self.validator = ReplyValidator(self.initial, self.config.max_array_bytes, log,
-                                        self.mixer.check if self.mixer else None)
+        self.validator = ReplyValidator(
+            self.initial, self.algo.trainer.signature_shapes(
+                self.num_features, self.num_classes, self.config.client_config()),
+            self.roster.facts, self.config.max_array_bytes, log,
+            self.mixer.check if self.mixer else None)
+        self.robust = (None if self.config.robust == "none" else RobustAggregation(
+            self.config.robust, self.config.robust_malicious, self.config.robust_trim_beta, log))
         self.ledger = ClientStateLedger(self.config)
         self.record = RunRecorder(self.config, self.roster.facts, self.num_features,
                                   self.num_classes, write_report)
@@ -230,11 +236,34 @@ class Federation:
             plan = self.aggregator.mixing_plan(server_round, updates)
             result = AggregateResult(self.mixer.mix(plan, updates), plan.diagnostics,
                                      plan.metrics)
+        elif self.robust is not None:
+            result = self._robust_aggregate(record, server_round, updates)
         else:
             result = self.aggregator.aggregate(server_round, updates)
         record.times["aggregate"] = time.perf_counter() - t0
         self.payloads.update(result.payloads)
         self._record_result(record, result, sorted(updates), server_round)
+
+    def _robust_aggregate(self, record: RoundLog, server_round: int,
+                          updates: dict[int, ClientUpdate]) -> AggregateResult:
+        """``robust``: the updates screened against the cohort, then each client's row of
+        the mixing plan made robust, or (an algorithm without a plan) its own aggregation
+        of the screened updates (engine/robust.py)."""
+        assert self.robust is not None
+        sent = {c: self.payload_for(c) for c in updates}
+        screened = self.robust.screen(updates, sent, self.initial)
+        record.robust = dict(sorted(screened.notes.items()))
+        for cid, note in record.robust.items():
+            self.log(f"round {server_round}: client {cid}: {note}")
+        if self.algo.aggregator.has_mixing_plan():
+            plan = self.aggregator.clear_mixing_plan(server_round, screened.updates)
+            result = AggregateResult(self.robust.combine(plan, screened), plan.diagnostics,
+                                     plan.metrics)
+        else:
+            result = self.aggregator.aggregate(
+                server_round, {c: screened.updates[c] for c in screened.selected})
+        result.metrics = {**result.metrics, **screened.metrics}
+        return result
 
     def _record_result(self, record: RoundLog, result: AggregateResult, ids: list[int],
                        server_round: int, prefix: str = "") -> None:
@@ -271,7 +300,6 @@ class Federation:
             **self.ledger.state_dict(),
             "payloads": {int(c): p for c, p in self.payloads.items()},  # numpy: stored as tensors
             "aggregator": self.aggregator.state_dict(),
-            **self.validator.state_dict(),
             **(self.privacy.state_dict() if self.privacy is not None else {}),
         }, background=background)
 
@@ -285,7 +313,6 @@ class Federation:
         self.ledger.load_state_dict(state)
         self.payloads = {int(c): p for c, p in state["payloads"].items()}
         self.aggregator.load_state_dict(state["aggregator"])
-        self.validator.load_state_dict(state)
         if self.privacy is not None:
             self.privacy.load_state_dict(state)
         return int(state["round"])

@@ -32,6 +32,7 @@ from .records import (
     signature_floats,
     to_config_record,
 )
+from .roster import fact_problem
 from .transport import ClientReply, ClientRequest, Exchange, Transport
 
 #: In simulation, seconds the SuperNode count must hold still before it is taken as final.
@@ -139,6 +140,20 @@ def _run_config_option(config: RunConfig, **changes: Any) -> str:
     return f' --run-config "{text}"' if text else ""
 
 
+def decode_reply(content: RecordDict, cid: int) -> ClientReply | str:
+    """Client ``cid``'s reply decoded, or why it cannot be (one line): a reply is a
+    stranger's bytes, so a malformed one costs its sender the round, never the run."""
+    try:
+        metrics, signature = from_metric_record(content_scalars(content, "metrics"))
+        upload = content_arrays(content)
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes make the decoders raise
+        return f"malformed reply: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    reported = metrics.get("partition-id", -1.0)
+    if reported != cid:
+        return f"reply claims client {reported:g}, sent to client {cid}"
+    return ClientReply(upload, signature, metrics, nbytes(upload) + 4 * signature_floats(signature))
+
+
 class FlowerTransport(Transport):
     """Phases as Flower messages: ``train`` and ``train.<phase>`` actions of the ClientApp."""
 
@@ -223,6 +238,10 @@ class FlowerTransport(Transport):
             info = dict(cast(ConfigRecord, reply.content["info"]))
             # Ray's resources are a diagnostic of this transport, not a fact of the client.
             resources.append({k: info.pop(k) for k in list(info) if k.startswith("ray-")})
+            problem = fact_problem(info)
+            if problem:
+                failed.setdefault(problem, []).append(node)
+                continue
             cid = int(cast(int, info["partition-id"]))
             if cid in roster:
                 failed.setdefault(f"partition-id {cid} is already taken by another node",
@@ -270,8 +289,20 @@ class FlowerTransport(Transport):
             node = self._rejoining.pop(reply.metadata.reply_to_message_id, None)
             if reply.has_error() or node is None:
                 continue  # asked again at the next refresh if it is still online
-            cid = int(cast(int, reply.content["info"]["partition-id"]))
+            info = dict(cast(ConfigRecord, reply.content.get("info", ConfigRecord())))
+            problem = fact_problem(info)
+            if problem:
+                self.log(f"node {reply.metadata.src_node_id} (re)joined with {problem}; ignored")
+                continue
+            cid = int(cast(int, info["partition-id"]))
             old = self.node_of.get(cid)
+            if cid >= config.num_clients or (old is not None and old in online):
+                # Out of range, or a client whose node is still connected: another node
+                # claiming it would be sent that client's personalized model.
+                self.log(f"node {reply.metadata.src_node_id} claims client {cid}, "
+                         f"{'out of range' if old is None else f'held by node {old}, online'}; "
+                         f"ignored")
+                continue
             if old is not None:
                 self.client_of.pop(old, None)
             self.node_of[cid] = reply.metadata.src_node_id
@@ -310,15 +341,14 @@ class FlowerTransport(Transport):
                 else:
                     out.failures[cid] = reason
                 continue
-            metrics, signature = from_metric_record(content_scalars(reply.content, "metrics"))
-            upload = content_arrays(reply.content)
-            reported = int(metrics.get("partition-id", -1))
-            if cid is None or reported != cid:
-                self.log(f"round {server_round}: reply from node {node} claims client "
-                         f"{reported}, expected {cid}; ignored")
+            if cid is None:
+                self.log(f"round {server_round}: reply from unknown node {node}; ignored")
                 continue
-            out.replies[cid] = ClientReply(upload, signature, metrics,
-                                           nbytes(upload) + 4 * signature_floats(signature))
+            decoded = decode_reply(reply.content, cid)
+            if isinstance(decoded, str):
+                out.failures[cid] = f"rejected: {decoded}"
+                continue
+            out.replies[cid] = decoded
         return out
 
     def _replying_node(self, reply: Message) -> int:

@@ -42,6 +42,8 @@ class RoundLog:
     # per client, seconds: "train" (local training, client-measured), "wait" (server
     # side, from sending the round's messages to this client's reply arriving)
     client_times: dict[int, dict[str, float]] = field(default_factory=dict)
+    # per client, what robust aggregation did to its update (clipped, left out, capped)
+    robust: dict[int, str] = field(default_factory=dict)
 
     def mean(self, key: str) -> float:
         """Mean of metric ``key`` over the clients that reported it (NaN: none did)."""
@@ -64,6 +66,7 @@ class RoundLog:
             "bytes_received": {str(c): b for c, b in sorted(self.bytes_received.items())},
             "times": self.times,
             "client_times": {str(c): t for c, t in sorted(self.client_times.items())},
+            "robust": {str(c): r for c, r in sorted(self.robust.items())},
         }
 
     @classmethod
@@ -75,6 +78,7 @@ class RoundLog:
             failures=ints(d["failures"]), void=d["void"], aggregate=d["aggregate"],
             bytes_sent=ints(d["bytes_sent"]), bytes_received=ints(d["bytes_received"]),
             times=d["times"], client_times=ints(d.get("client_times", {})),
+            robust=ints(d.get("robust", {})),
         )
 
 

@@ -1,15 +1,19 @@
 """Reply validation: every client reply is checked before the aggregator sees it.
 
-A train reply must match the initial model's schema (names, shapes) and carry the
-engine's metric contract (:mod:`~.protocols`); every phase's reply is bounded
-(``max-array-bytes``) and finite, and a signature keeps the shape it first had. A
-rejected reply becomes the client's failure for the round, never part of an aggregate.
+Every schema a reply is held to is the server's own, never a reply's: the train
+upload's names, shapes and dtypes are the initial model's; the signature's names and
+shapes are what the algorithm declares (``ClientTrainer.signature_shapes``); every
+count a reply carries is bounded by what that client declared at the handshake
+(``num-train`` by its ``num-train``, ``test_count`` by its ``num-test``, ...); every
+number is finite and in its range; every array is bounded (``max-array-bytes``). A
+rejected reply becomes the client's failure for the round, with a one-line reason,
+never part of an aggregate and never the end of the run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,58 +22,70 @@ from ..algorithms.base import Arrays, ClientUpdate, Phase
 from . import protocols
 from .transport import ClientReply
 
+#: Most metric entries a reply may carry: far above any algorithm's (about 40), far below
+#: what would cost the server memory.
+MAX_METRICS = 1024
+
+#: Train-reply metrics that are scores in [0, 1] (NaN allowed: a client without such nodes).
+SCORES = ("val_metric", "test_metric", "minority_metric")
+#: Train-reply counts and the handshake fact that bounds each.
+HANDSHAKE_BOUNDS = {"num-train": "num-train", "val_count": "num-val", "test_count": "num-test",
+                    "minority_count": "num-test"}
+#: Train-reply counts bounded by another count of the same reply.
+REPLY_BOUNDS = {"test_correct": "test_count", "minority_correct": "minority_count"}
+
 
 class ReplyValidator:
-    """The checks of one run: the initial model's schema and the signatures' shapes."""
+    """The checks of one run.
 
-    def __init__(self, initial: Arrays, max_array_bytes: int,
+    ``initial``: the server's initial model (the train upload's schema); ``signature_shapes``:
+    the algorithm's declared signature; ``facts``: each client's handshake facts (the
+    bounds of its counts); ``ciphertexts``: under ``secure-aggregation=ckks`` the mixer's
+    check of a train upload (engine/ckks_mixing.py), in place of the plaintext schema.
+    """
+
+    def __init__(self, initial: Arrays, signature_shapes: Mapping[str, tuple[int, ...]],
+                 facts: Mapping[int, Mapping[str, Any]], max_array_bytes: int,
                  log: Callable[[str], None] = print,
                  ciphertexts: Callable[[Arrays], str | None] | None = None) -> None:
         self.schema = {k: (v.shape, v.dtype) for k, v in initial.items()}
-        # secure-aggregation=ckks: a train upload is checked as ciphertexts instead
-        # (engine/ckks_mixing.py, CiphertextMixer.check).
+        self.signature_shapes = {k: tuple(int(s) for s in v) for k, v in signature_shapes.items()}
+        self.facts = facts
         self.ciphertexts = ciphertexts
-        self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.max_array_bytes = max_array_bytes
         self.log = log
 
-    def check(self, reply: ClientReply, phase: str = "train") -> str | None:
-        """Why a reply must be rejected, or None. Guards the aggregate against poison."""
-        upload = reply.upload
-        if phase == "train" and self.ciphertexts is not None:
-            reason = self._check_ciphertexts(upload)
+    def check(self, cid: int, reply: ClientReply, phase: str = "train") -> str | None:
+        """Why client ``cid``'s reply must be rejected, or None."""
+        train = phase == "train"
+        if train and self.ciphertexts is not None:
+            reason = self._check_ciphertexts(reply.upload)
         else:
-            reason = self._check_arrays(upload, phase)
-        if reason is not None:
-            return reason
-        for name, arr in reply.signature.items():
-            if not np.isfinite(arr).all():
-                return f"signature {name!r} holds NaN or Inf"
-            expected = self.signature_schema.get(name)
-            if phase == "train" and expected is not None and arr.shape != expected:
-                return f"signature {name!r} has shape {arr.shape}, expected {expected}"
-        if "train_loss" in reply.metrics and not math.isfinite(reply.metrics["train_loss"]):
-            return "train loss is NaN or Inf"
-        if phase == "train":
-            missing = protocols.missing_metrics(reply.metrics)
-            if missing:
-                return (f"metrics {missing[:4]} missing (every train reply carries the "
-                        f"engine's metric contract, engine/protocols.py)")
-        return None
+            reason = self._check_arrays(reply.upload, train)
+        return (reason or self._check_signature(reply.signature, train)
+                or self._check_metrics(cid, reply.metrics, train))
 
-    def _check_arrays(self, upload: Arrays, phase: str) -> str | None:
+    def _check_arrays(self, upload: Arrays, train: bool) -> str | None:
         """The plaintext schema (train), size and finiteness of every array."""
-        limit = self.max_array_bytes
-        if phase == "train" and set(upload) != set(self.schema):
+        if train and set(upload) != set(self.schema):
             missing = sorted(set(self.schema) - set(upload))
             extra = sorted(set(upload) - set(self.schema))
             return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
         for name, arr in upload.items():
-            if phase == "train" and arr.shape != self.schema[name][0]:
-                return f"array {name!r} has shape {arr.shape}, expected {self.schema[name][0]}"
-            if arr.nbytes > limit:
-                return f"array {name!r} is {arr.nbytes} bytes, over max-array-bytes={limit}"
-            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+            if not isinstance(arr, np.ndarray):
+                return f"array {name!r} is a {type(arr).__name__}, not an array"
+            if arr.nbytes > self.max_array_bytes:
+                return (f"array {name!r} is {arr.nbytes} bytes, over "
+                        f"max-array-bytes={self.max_array_bytes}")
+            if train:
+                shape, dtype = self.schema[name]
+                if arr.shape != shape:
+                    return f"array {name!r} has shape {arr.shape}, expected {shape}"
+                if arr.dtype != dtype:
+                    return f"array {name!r} has dtype {arr.dtype}, expected {dtype}"
+            elif arr.dtype.hasobject or arr.dtype.kind not in "biufc":
+                return f"array {name!r} has dtype {arr.dtype}, not a number type"
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                 return f"array {name!r} holds NaN or Inf"
         return None
 
@@ -81,13 +97,71 @@ class ReplyValidator:
                         f"max-array-bytes={self.max_array_bytes}")
         return self.ciphertexts(upload) if self.ciphertexts else None
 
+    def _check_signature(self, signature: Arrays, train: bool) -> str | None:
+        """A train signature is exactly the declared names and shapes; any is finite."""
+        if train and set(signature) != set(self.signature_shapes):
+            missing = sorted(set(self.signature_shapes) - set(signature))
+            extra = sorted(set(signature) - set(self.signature_shapes))
+            return f"wrong signature names (missing {missing[:3]}, unexpected {extra[:3]})"
+        for name, arr in signature.items():
+            if train and arr.shape != self.signature_shapes[name]:
+                return (f"signature {name!r} has shape {arr.shape}, expected "
+                        f"{self.signature_shapes[name]}")
+            if arr.nbytes > self.max_array_bytes:
+                return (f"signature {name!r} is {arr.nbytes} bytes, over "
+                        f"max-array-bytes={self.max_array_bytes}")
+            if arr.dtype.kind != "f":
+                return f"signature {name!r} has dtype {arr.dtype}, not a float type"
+            if not np.isfinite(arr).all():
+                return f"signature {name!r} holds NaN or Inf"
+        return None
+
+    def _check_metrics(self, cid: int, metrics: Mapping[str, float], train: bool) -> str | None:
+        """Every number finite (NaN only where a score or loss may be undefined); a train
+        reply's contract complete, its scores in [0, 1], its counts whole and within what
+        the client declared at the handshake."""
+        if len(metrics) > MAX_METRICS:
+            return f"{len(metrics)} metrics, over {MAX_METRICS}"
+        for key, value in metrics.items():
+            if not isinstance(value, (int, float)) or math.isinf(value):
+                return f"metric {key!r} is {value!r}, not a finite number"
+        loss = metrics.get("train_loss", 0.0)
+        if math.isnan(loss):
+            return "train loss is NaN or Inf"
+        if not train:
+            return None
+        missing = protocols.missing_metrics(dict(metrics))
+        if missing:
+            return (f"metrics {missing[:4]} missing (every train reply carries the "
+                    f"engine's metric contract, engine/protocols.py)")
+        for key in SCORES:
+            value = metrics.get(key, math.nan)
+            if not math.isnan(value) and not 0.0 <= value <= 1.0:
+                return f"metric {key!r} is {value!r}, outside [0, 1]"
+        facts = self.facts.get(cid, {})
+        bounds = [(key, bound, facts.get(bound), "the handshake")
+                  for key, bound in HANDSHAKE_BOUNDS.items()]
+        bounds += [(key, bound, metrics.get(bound), "this reply")
+                   for key, bound in REPLY_BOUNDS.items()]
+        for key, bound_key, bound, where in bounds:
+            count = metrics.get(key)
+            if count is None or (math.isnan(count) and key != "num-train"):
+                continue  # a count of a phase that evaluated nothing (NaN, as its scores)
+            value = float(count)
+            if math.isnan(value) or value != int(value) or value < 0:
+                return f"{key} is {value!r}, not a count"
+            if bound is not None and value > bound:
+                return f"{key} is {value:g}, above {bound_key}={bound:g} of {where}"
+        if metrics["num-train"] < 1:
+            return "num-train is 0: a client without training nodes cannot train"
+        return None
+
     def valid_updates(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
                       failures: dict[int, str]) -> dict[int, ClientUpdate]:
-        """The replies that pass :meth:`check`; the others go into ``failures``. The first
-        valid train replies fix the signatures' shapes for the rest of the run."""
+        """The replies that pass :meth:`check`; the others go into ``failures``."""
         updates: dict[int, ClientUpdate] = {}
         for cid, reply in sorted(replies.items()):
-            reason = self.check(reply, phase.name)
+            reason = self.check(cid, reply, phase.name)
             if reason is not None:
                 failures[cid] = f"rejected: {reason}" + ("" if phase.name == "train"
                                                          else f" (phase {phase.name})")
@@ -95,16 +169,4 @@ class ReplyValidator:
                 continue
             updates[cid] = ClientUpdate(reply.upload, reply.signature,
                                         int(reply.metrics.get("num-train", 0)), reply.metrics)
-        if phase.name == "train":  # after the round's checks: its replies are held to the last's
-            for update in updates.values():
-                for name, arr in update.signature.items():
-                    self.signature_schema.setdefault(name, arr.shape)
         return updates
-
-    def state_dict(self) -> dict[str, Any]:
-        """The validator's part of a checkpoint (the signatures' shapes)."""
-        return {"signature_schema": {k: list(v) for k, v in self.signature_schema.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.signature_schema = {k: tuple(v) for k, v in state["signature_schema"].items()}

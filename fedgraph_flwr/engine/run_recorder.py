@@ -128,6 +128,7 @@ class RunRecorder:
                 "mean_train_loss": last.mean("train_loss"), "void": last.void,
                 "clients": len(last.clients), "sampled": len(last.sampled),
                 "failures": {str(c): r for c, r in sorted(last.failures.items())},
+                "robust": {str(c): r for c, r in sorted(last.robust.items())},
                 "seconds": last.times.get("round"),
             },
             "failures_since_start": self.failures_since_start(),
