@@ -568,9 +568,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 try:
                     result = run_setting(method, setting, args)
-                except ConfigError as exc:
-                    print(f"privacy_attacks: error: {exc}", file=sys.stderr)
-                    return 1
+                except ConfigError as exc:  # a combination the method refuses (one line)
+                    print(f"{method} {setting}: refused: {exc}")
+                    continue
                 result["command"] = command
                 blob = json.dumps(result, indent=1).encode()
                 atomic_write(path, lambda fh, b=blob: fh.write(b))

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from fedgraph_flwr.config import ConfigError, resolve_config
 from fedgraph_flwr.engine.loop import run_federation
@@ -175,7 +176,8 @@ def test_a_run_reports_epsilon_every_round_and_stops_cleanly_at_its_budget(tmp_p
 
 @pytest.mark.slow
 def test_a_target_epsilon_alone_calibrates_the_noise_to_the_whole_run(tmp_path, synthetic_root):
-    res, _ = _dp_run(tmp_path, synthetic_root, dp="signature", **{"dp-epsilon": 2.0})
+    res, _ = _dp_run(tmp_path, synthetic_root, dp="signature",
+                     **{"dp-epsilon": 2.0, "secure-aggregation": "ckks"})
     assert len(res["rounds"]) == 4 and "stopped" not in res
     assert res["config"]["dp-noise-multiplier"] == 0.0  # as asked: calibrated to dp-epsilon
     sigma = res["dp"]["noise_multiplier"]
@@ -209,7 +211,8 @@ def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
 
     same, opposite = [[1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [-1.0, 0.0]]
     for dp, expected in (("off", 1.0), ("signature", -1.0)):
-        extra = {"dp-epsilon": 4.0, "dp-noise-multiplier": 1.0} if dp != "off" else {}
+        extra = {"dp-epsilon": 4.0, "dp-noise-multiplier": 1.0,
+                 "secure-aggregation": "ckks"} if dp != "off" else {}
         cfg = resolve_config(None, {"algorithm": "fedaux", "dp": dp, **extra})
         aggregator = ALGORITHMS["fedaux"].aggregator(cfg, [0, 1], {})
         result = aggregator.aggregate(1, updates(same, opposite))
@@ -219,6 +222,8 @@ def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
 def _fedaux_aggregator(**extra):
     from fedgraph_flwr.algorithms import ALGORITHMS
 
+    if extra.get("dp") == "signature":  # FedAux's APV is a weight: encrypted under this scope
+        extra = {"secure-aggregation": "ckks", **extra}
     cfg = resolve_config(None, {"algorithm": "fedaux", **extra})
     return ALGORITHMS["fedaux"].aggregator(cfg, list(range(4)), {})
 
@@ -269,7 +274,7 @@ def test_runs_from_before_fedaux_dp_mixing_read_as_what_they_did():
     from fedgraph_flwr.experiments import saved_config, stale_keys
 
     old_off = {"algorithm": "fedaux", "fedaux-classifier-init": "xavier"}
-    old_signature = {**old_off, "dp": "signature", "dp-epsilon": 4.0}
+    old_signature = {**old_off, "dp": "signature", "dp-epsilon": 4.0, "secure-aggregation": "ckks"}
     assert saved_config(old_off)["fedaux-dp-mixing"] == "shrink"
     assert saved_config(old_signature)["fedaux-dp-mixing"] == "raw"
     assert stale_keys(old_off, resolve_config(None, old_off)) == []
@@ -289,3 +294,76 @@ def test_dp_through_a_flower_simulation_gives_the_in_process_numbers(tmp_path, s
     assert flower["dp"]["epsilon"] <= 3.0 and flower["dp"]["releases"] == 2
     assert all(r["clients"][c]["dp-noise-keyed"] == 0.0 for r in flower["rounds"]
                for c in r["clients"])
+
+
+# --- issue #76: the guarantee's claims hold ---------------------------------------------------
+def test_fedaux_refuses_dp_signature_with_its_weights_in_the_clear():
+    """Finding 7: FedAux's signature is a copy of its APV, and the APV is one of the weights.
+    Under dp=signature without encrypted weights the same reply carried the APV un-noised
+    beside its noised copy, yet ε was reported. Refused in one line, as FED-PUB does; with
+    ckks the weights are ciphertexts and the run goes ahead."""
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(None, {"algorithm": "fedaux", "dp": "signature", "dp-epsilon": 4.0})
+    assert str(refused.value).startswith("dp=signature for algorithm=fedaux needs "
+                                         "secure-aggregation=ckks")
+    assert "\n" not in str(refused.value)
+    cfg = resolve_config(None, {"algorithm": "fedaux", "dp": "signature", "dp-epsilon": 4.0,
+                                "secure-aggregation": "ckks"})
+    assert cfg.dp == "signature"
+    resolve_config(None, {"algorithm": "fedaux", "dp": "client", "dp-epsilon": 4.0})
+
+
+def _signature_scope_in_the_clear() -> list[str]:
+    """The algorithms that accept dp=signature with the weights in the clear and send a
+    signature (the others refuse the combination or have nothing it covers in train)."""
+    from fedgraph_flwr.algorithms import ALGORITHMS
+    from fedgraph_flwr.privacy.scope import sends_signature
+
+    accepted = []
+    for name, algo in sorted(ALGORITHMS.items()):
+        try:
+            resolve_config(None, {"algorithm": name, "dp": "signature", "dp-epsilon": 4.0})
+        except ConfigError:
+            continue
+        if sends_signature(algo.trainer):
+            accepted.append(name)
+    return accepted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", _signature_scope_in_the_clear())
+def test_no_signature_leaves_un_noised_in_the_same_reply_under_dp_signature(algorithm):
+    """Finding 7, for every method that accepts dp=signature with its weights in the clear:
+    a train reply's uploaded arrays never hold what its signature holds before the noise
+    (the noised signature would then protect nothing). One client, one train phase, run
+    once with dp off (the clean signature) and once under dp=signature (the reply that
+    leaves); training is the same in both, the noise comes after."""
+    from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
+
+    from fedgraph_flwr.algorithms import ALGORITHMS
+    from fedgraph_flwr.algorithms.base import TRAIN_PHASE
+    from fedgraph_flwr.engine import client_runtime as rt
+
+    algo = ALGORITHMS[algorithm]
+    replies = {}
+    for dp in ("off", "signature"):
+        extra = {"dp": dp, "dp-noise-multiplier": 1.0, "dp-epsilon": 4.0} if dp != "off" else {}
+        cfg = resolve_config(None, {"algorithm": algorithm, "hidden": 8, "num-clients": 2,
+                                    "dataset": "SBM", **extra}).with_keys(
+            {"server-round": 1, "num-classes-global": NUM_CLASSES,
+             "num-features-global": NUM_FEATURES, "run-name": "finding-7"})
+        initial = algo.trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
+        replies[dp], _ = rt.handle_phase(cfg.client_config(), TRAIN_PHASE, initial,
+                                         _graph(60, 0), NUM_CLASSES, 0, rt.LiveTrainers(),
+                                         torch.device("cpu"))
+    clean = [np.asarray(v, np.float32).ravel() for v in replies["off"].signature.values()]
+    assert clean, f"{algorithm} sends no signature"
+    sent = replies["signature"]
+    for name, array in sent.upload.items():
+        if not np.issubdtype(array.dtype, np.floating):
+            continue
+        flat = np.asarray(array, np.float32).ravel()
+        assert not any(flat.shape == c.shape and np.array_equal(flat, c) for c in clean), (
+            f"{algorithm}: upload {name!r} is its signature, un-noised")
+    for name, value in sent.signature.items():  # and the signature itself was noised
+        assert not np.array_equal(value, replies["off"].signature[name]), name
