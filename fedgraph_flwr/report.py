@@ -161,7 +161,8 @@ def headline_cards(results: dict[str, Any]) -> str:
         cards.append(card(f"privacy: dp={dp['scope']}",
                           f"ε = {_num(dp['epsilon']):.3g} at δ = {_num(dp['delta']):g}",
                           f"σ = {_num(dp['noise_multiplier']):.4g}, C = {_num(dp['clip']):g}, "
-                          f"{dp['releases']} releases; covers {dp['covers']}; noise {keyed}"))
+                          f"{dp['releases']} releases, {dp.get('neighbours', 'add-remove')} "
+                          f"neighbours; covers {dp['covers']}; noise {keyed}"))
     if results.get("stopped"):
         cards.append(card("stopped early", f"after round {n}", str(results["stopped"])))
     return f'<div class="cards">{"".join(cards)}</div>'
