@@ -128,9 +128,13 @@ def headline_cards(results: dict[str, Any]) -> str:
     final = results.get("final", {})
     metric = final.get("metric", "accuracy")
     n = len(results.get("rounds", []))
+    evaluated, total = final.get("clients_evaluated"), final.get("clients")
+    over = ("all clients' held models" if evaluated is None or total is None
+            or evaluated >= total
+            else f"the held models of the {evaluated} of {total} clients ever sampled")
     cards = [
         card(f"test {metric} @ best val (%)", pct(final.get("test_at_best_val")),
-             "mean over all clients' held models, at the round of best mean val", main=True),
+             f"mean over {over}, at the round of best mean val", main=True),
         card("best round", str(final.get("best_round") or "–"),
              f"of {n}; val there {pct(final.get('val_at_best_val'))} %"),
         card("per-client best-val test (%)", pct(final.get("per_client_best_val_test")),
