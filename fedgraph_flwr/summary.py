@@ -17,10 +17,11 @@ def format_summary(results: dict[str, Any]) -> str:
     ]
     for cid, facts in results["clients"].items():
         pc = final.get("per_client", {}).get(cid)
+        nodes, train = facts.get("num-nodes", "-"), facts.get("num-train", "-")  # dp=client: withheld
         if pc is None:
-            lines.append(f"{cid:>6} {facts['num-nodes']:>7} {facts['num-train']:>6} {'-':>8}")
+            lines.append(f"{cid:>6} {nodes:>7} {train:>6} {'-':>8}")
             continue
-        lines.append(f"{cid:>6} {facts['num-nodes']:>7} {facts['num-train']:>6} "
+        lines.append(f"{cid:>6} {nodes:>7} {train:>6} "
                      f"{pc['best_round']:>8} {pc['val']:>7.2f} {pc['test']:>7.2f}")
     evaluated, total = final.get("clients_evaluated"), final.get("clients")
     over = (f" over the {evaluated} of {total} clients ever sampled"

@@ -434,3 +434,109 @@ def test_a_runs_reported_epsilon_is_checked_against_the_pld_accountant(tmp_path,
     pld = _pld_epsilon(dp["noise_multiplier"], dp["releases"], dp["delta"])
     assert pld <= dp["epsilon"] <= 3.0
     assert dp["epsilon"] <= RDP_OVER_PLD * pld
+
+
+def _accepting(scope: str) -> list[str]:
+    """The algorithms that accept ``dp=scope`` (the others refuse it in one line)."""
+    from fedgraph_flwr.algorithms import ALGORITHMS
+
+    names = []
+    for name in sorted(ALGORITHMS):
+        try:
+            resolve_config(None, {"algorithm": name, "dp": scope, "dp-epsilon": 4.0})
+        except ConfigError:
+            continue
+        names.append(name)
+    return names
+
+
+def _exact_counts(graph) -> set[int]:
+    """Every count of a client's data a reply could betray: nodes, edges, each split's
+    size and each class's count in it (2 and more: 0 and 1 are every metric's range)."""
+    values = {int(graph.num_nodes), int(graph.edge_index.size(1))}
+    for mask in (None, graph.train_mask, graph.val_mask, graph.test_mask):
+        labels = graph.y if mask is None else graph.y[mask]
+        values.add(int(labels.numel()))
+        values.update(int(n) for n in torch.bincount(labels).tolist())
+    return {v for v in values if v >= 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", _accepting("client"))
+def test_no_exact_count_leaves_a_client_under_dp_client(algorithm):
+    """Finding 8's counts: under dp=client a client's handshake and every phase's reply hold
+    no count of its data (num-train, test_count, minority_count, ... withheld), and every
+    score is rounded to 0.01, so an exact accuracy cannot betray its denominator. With dp
+    off the same client sends them (the check can fail)."""
+    from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
+
+    from fedgraph_flwr.algorithms import ALGORITHMS
+    from fedgraph_flwr.algorithms.base import ClientUpdate
+    from fedgraph_flwr.engine import client_runtime as rt
+    from fedgraph_flwr.privacy.counts import COUNTS, ENGINE_KEYS, ENGINE_PREFIXES
+
+    algo = ALGORITHMS[algorithm]
+    graph = _graph(137, 3, algo.trainer.reads_halo)
+    counts = _exact_counts(graph)
+    identity = rt.ClientIdentity(partition_id=0, source="cache")
+    for dp in ("off", "client"):
+        extra = {"dp": dp, "dp-noise-multiplier": 1.0, "dp-epsilon": 4.0} if dp != "off" else {}
+        cfg = resolve_config(None, {"algorithm": algorithm, "hidden": 8, "num-clients": 2,
+                                    "dataset": "SBM", **extra}).with_keys(
+            {"server-round": 1, "num-classes-global": NUM_CLASSES,
+             "num-features-global": NUM_FEATURES, "run-name": "counts"})
+        facts = rt.describe(graph, NUM_CLASSES, identity, torch.device("cpu"), cfg.dp)
+        initial = algo.trainer.initial_arrays(NUM_FEATURES, NUM_CLASSES, cfg)
+        aggregator = algo.aggregator(cfg, [0], initial)
+        store = rt.LiveTrainers()
+        sent: dict[str, float] = {}
+        for phase in algo.trainer.phases:  # the client's round, each phase in turn
+            request = initial if phase.name == "train" else aggregator.configure(phase, 1, [0])[0]
+            out, metrics = rt.handle_phase(cfg.client_config(), phase, request, graph,
+                                           NUM_CLASSES, 0, store, torch.device("cpu"))
+            if phase.name != "train":
+                aggregator.step(phase, 1, {0: ClientUpdate(out.upload, out.signature, 1, metrics)})
+            sent.update({f"{phase.name}:{k}": v for k, v in metrics.items()})
+        leaked = {k for k in (*facts, *(k.split(":", 1)[1] for k in sent)) if k in COUNTS}
+        if dp == "off":
+            assert {"num-train", "num-nodes", "test_count"} <= leaked
+            continue
+        assert not leaked, leaked
+        scores = {k: v for k, v in sent.items() if k.split(":", 1)[1] not in ENGINE_KEYS
+                  and not k.split(":", 1)[1].startswith(ENGINE_PREFIXES)}
+        assert scores
+        for key, value in scores.items():
+            if math.isfinite(value):
+                assert value == round(value, 2), (key, value)
+                assert value not in counts, (key, value)
+
+
+def test_under_dp_client_the_server_asks_no_count_and_weighs_clients_alike(tmp_path):
+    """The server's side of withheld counts: its metric contract does not ask for them, a
+    count a client sends anyway is dropped (never recorded, never weighed), and FedAvg's
+    train-node weighting becomes 1 per client. Under dp off the same replies weigh 1:3."""
+    from fedgraph_flwr.engine.federation import Federation
+    from fedgraph_flwr.engine.protocols import POOLED_COUNTS
+    from fedgraph_flwr.engine.transport import ClientReply
+
+    from helpers import contract_metrics
+
+    for dp in ("off", "client"):
+        extra = {"dp": dp, "dp-noise-multiplier": 1.0} if dp != "off" else {}
+        cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 2, "hidden": 8,
+                                    "dataset": "SBM", "output-dir": str(tmp_path), **extra})
+        roster = {c: {"num-features": 12, "num-classes": 3} for c in range(2)}  # as dp=client's
+        fed = Federation(cfg, roster, log=lambda msg: None)
+        scores = contract_metrics(train_loss=0.5, val_metric=0.5, test_metric=0.5)
+        if dp == "client":  # what such a client sends: no count, but one sends num-train anyway
+            scores = {k: v for k, v in scores.items() if k not in (*POOLED_COUNTS, "num-train")}
+        replies = {c: ClientReply({k: np.full_like(v, float(c)) for k, v in fed.initial.items()},
+                                  {}, dict(scores, **{"num-train": 10.0 + 20 * c}))
+                   for c in range(2)}
+        record = fed.complete_round(1, [0, 1], replies, {}, {})
+        assert sorted(record.clients) == [0, 1], record.failures
+        mixed = next(iter(fed.payloads[0].values()))
+        if dp == "off":
+            assert np.allclose(mixed, 30 / 40) and record.clients[1]["num-train"] == 30.0
+        else:
+            assert np.allclose(mixed, 0.5) and "num-train" not in record.clients[1]

@@ -21,6 +21,7 @@ import numpy as np
 from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
 from ..config import ClientConfig, RunConfig
+from ..privacy import counts as privacy_counts
 from ..secure_aggregation import check_method, load_public_context, public_context_path
 from .ckks_mixing import CiphertextMixer
 from .ledger import ClientStateLedger
@@ -65,7 +66,8 @@ class Federation:
         self.payloads: dict[int, Arrays] = {}
         self.mixer = self._ciphertext_mixer()
         self.validator = ReplyValidator(self.initial, self.config.max_array_bytes, log,
-                                        self.mixer.check if self.mixer else None)
+                                        self.mixer.check if self.mixer else None,
+                                        withheld=privacy_counts.withheld(self.config.dp))
         self.ledger = ClientStateLedger(self.config)
         self.record = RunRecorder(self.config, self.roster.facts, self.num_features,
                                   self.num_classes, write_report)

@@ -24,7 +24,8 @@ class ReplyValidator:
 
     def __init__(self, initial: Arrays, max_array_bytes: int,
                  log: Callable[[str], None] = print,
-                 ciphertexts: Callable[[Arrays], str | None] | None = None) -> None:
+                 ciphertexts: Callable[[Arrays], str | None] | None = None,
+                 withheld: frozenset[str] = frozenset()) -> None:
         self.schema = {k: (v.shape, v.dtype) for k, v in initial.items()}
         # secure-aggregation=ckks: a train upload is checked as ciphertexts instead
         # (engine/ckks_mixing.py, CiphertextMixer.check).
@@ -32,6 +33,10 @@ class ReplyValidator:
         self.signature_schema: dict[str, tuple[int, ...]] = {}
         self.max_array_bytes = max_array_bytes
         self.log = log
+        # dp=client (issue #76): the counts no client sends (privacy/counts.py). The contract
+        # does not ask for them, one a client sends anyway is dropped, and every client
+        # weighs 1 where the aggregator weighs by training nodes.
+        self.withheld = withheld
 
     def check(self, reply: ClientReply, phase: str = "train") -> str | None:
         """Why a reply must be rejected, or None. Guards the aggregate against poison."""
@@ -51,7 +56,8 @@ class ReplyValidator:
         if "train_loss" in reply.metrics and not math.isfinite(reply.metrics["train_loss"]):
             return "train loss is NaN or Inf"
         if phase == "train":
-            missing = protocols.missing_metrics(reply.metrics)
+            missing = [k for k in protocols.missing_metrics(reply.metrics)
+                       if k not in self.withheld]
             if missing:
                 return (f"metrics {missing[:4]} missing (every train reply carries the "
                         f"engine's metric contract, engine/protocols.py)")
@@ -93,8 +99,9 @@ class ReplyValidator:
                                                          else f" (phase {phase.name})")
                 self.log(f"round {server_round}: client {cid} reply rejected: {reason}")
                 continue
-            updates[cid] = ClientUpdate(reply.upload, reply.signature,
-                                        int(reply.metrics.get("num-train", 0)), reply.metrics)
+            metrics = {k: v for k, v in reply.metrics.items() if k not in self.withheld}
+            num_train = 1 if "num-train" in self.withheld else int(metrics.get("num-train", 0))
+            updates[cid] = ClientUpdate(reply.upload, reply.signature, num_train, metrics)
         if phase.name == "train":  # after the round's checks: its replies are held to the last's
             for update in updates.values():
                 for name, arr in update.signature.items():
