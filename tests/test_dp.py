@@ -540,3 +540,28 @@ def test_under_dp_client_the_server_asks_no_count_and_weighs_clients_alike(tmp_p
             assert np.allclose(mixed, 30 / 40) and record.clients[1]["num-train"] == 30.0
         else:
             assert np.allclose(mixed, 0.5) and "num-train" not in record.clients[1]
+
+
+@pytest.mark.slow
+def test_a_grid_reruns_a_dp_run_accounted_before_replace_one(tmp_path):
+    """A dp run written before issue #76 calibrated its dp-epsilon under add/remove (half
+    today's noise): `fedgraph-experiments run` re-runs it, keeping the old one aside,
+    rather than tabulate it under the same ε."""
+    from fedgraph_flwr.experiments import run_grid
+
+    spec = {"name": "dp-tiny", "base": {"dataset": "SBM", "num-clients": 2, "rounds": 2,
+                                        "hidden": 8, "dp": "client", "dp-epsilon": 4.0},
+            "grid": {"algorithm": "fedavg"}, "seeds": [0]}
+    out = run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    path = next(out.glob("fedavg-*/results.json"))
+    res = json.loads(path.read_text())
+    assert res["dp"]["neighbours"] == "replace-one"
+    stamp = path.stat().st_mtime_ns
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert path.stat().st_mtime_ns == stamp  # current: kept
+    del res["dp"]["neighbours"]  # as written before issue #76
+    path.write_text(json.dumps(res))
+    run_grid(spec, tmp_path / "exp", None, "inprocess", {})
+    assert json.loads(path.read_text())["dp"]["neighbours"] == "replace-one"
+    assert "neighbours" not in json.loads(
+        (out / "stale" / path.parent.name / "results.json").read_text())["dp"]
