@@ -25,6 +25,17 @@ shadow federations' own:
     (non-member) is scored by minus its cross-entropy; the ROC AUC of that score
     (0.5 = chance) per client, averaged, and pooled over all clients' nodes.
 
+(c) **Label distribution, one round, no shadows** (``--attack sign``, issue #76). With
+    full-batch Adam and one local epoch, a client's first-round change of each uploaded
+    per-class row ([C, d]: the classifier) is −lr·sign of the cross-entropy gradient
+    Σ_i (p_ic − y_ic) h_i: a coordinate rises where class c's labelled nodes carry more of
+    feature j than the model's near-uniform predictions do, so the share of rising
+    coordinates in row c grows with class c's share of the training labels. That share,
+    normalised over the classes, is the guess (:func:`sign_label_estimate`); nothing is
+    trained. Errors: mean TV to the training labels' and to all nodes' distribution, and
+    how many clients' majority training class it names, against the uniform and the
+    dataset-prior guesses.
+
 Results: one JSON per (method, setting) under ``--out`` (an existing one is skipped: the
 runs resume), and the table between the markers of ``--doc``. DP settings the installed
 version has no ``dp`` config key for are reported as "not run".
@@ -69,6 +80,8 @@ SMALL = 65_536
 RIDGE_ALPHAS = tuple(10.0 ** k for k in range(-2, 5))
 DOC_BEGIN = "<!-- privacy-attacks table: begin -->"
 DOC_END = "<!-- privacy-attacks table: end -->"
+SIGN_BEGIN = "<!-- sign attack table: begin -->"
+SIGN_END = "<!-- sign attack table: end -->"
 
 
 # --- what the server receives ---------------------------------------------------------------
@@ -270,6 +283,60 @@ def direct_reads(transport: RecordingTransport, num_classes: int, truth: np.ndar
     return out
 
 
+# --- (c) label distribution from one round's classifier signs ------------------------------
+def sign_label_estimate(sent: Arrays, upload: Arrays, num_classes: int) -> np.ndarray | None:
+    """A client's label distribution [C] guessed from one reply: the share of positive
+    entries in each class's row of the change of every uploaded [C, d] array (d > 1),
+    normalised to sum 1 (uniform when no entry rose); None without such an array."""
+    rows = [np.asarray(upload[n], np.float64) - np.asarray(sent[n], np.float64)
+            for n in sorted(upload)
+            if n in sent and np.ndim(upload[n]) == 2 and np.shape(upload[n])[0] == num_classes
+            and np.shape(upload[n])[1] > 1 and np.shape(sent[n]) == np.shape(upload[n])]
+    if not rows:
+        return None
+    rising = (np.concatenate(rows, axis=1) > 0).mean(axis=1)
+    total = rising.sum()
+    return rising / total if total > 0 else np.full(num_classes, 1.0 / num_classes)
+
+
+def sign_attack(transport: RecordingTransport, num_classes: int, server_round: int = 1
+                ) -> dict[str, Any]:
+    """:func:`sign_label_estimate` on every client's ``server_round`` train reply, scored
+    against its training labels' and all its nodes' distribution, and against guessing
+    uniform or the dataset's label prior (over all the federation's nodes)."""
+    clients, guesses, train_truth, all_truth = [], [], [], []
+    for cid in sorted(transport.data):
+        rec = transport.records.get((server_round, "train", cid))
+        if rec is None:
+            continue
+        guess = sign_label_estimate(rec.sent, rec.upload, num_classes)
+        if guess is None:
+            raise ValueError("no uploaded [C, d] array: nothing for the sign attack to read")
+        data = transport.data[cid]
+        y = data.y.cpu().numpy()
+        train = y[data.train_mask.cpu().numpy()]
+        clients.append(cid)
+        guesses.append(guess)
+        train_truth.append(np.bincount(train, minlength=num_classes)[:num_classes] / len(train))
+        all_truth.append(np.bincount(y, minlength=num_classes)[:num_classes] / len(y))
+    guess, train_y, all_y = np.array(guesses), np.array(train_truth), np.array(all_truth)
+    sizes = np.array([transport.data[c].num_nodes for c in clients], np.float64)
+    prior = (sizes[:, None] * all_y).sum(0) / sizes.sum()
+    uniform = np.full(num_classes, 1.0 / num_classes)
+
+    def scored(pred: np.ndarray) -> dict[str, Any]:
+        pred = np.broadcast_to(pred, guess.shape)
+        return {"tv_train": float(total_variation(pred, train_y).mean()),
+                "tv_all": float(total_variation(pred, all_y).mean()),
+                "majority_hits": int((pred.argmax(1) == train_y.argmax(1)).sum())}
+
+    return {"clients": clients, "round": server_round, **scored(guess),
+            "uniform": scored(uniform), "prior": scored(prior),
+            "tv_train_per_client": [round(float(e), 4) for e in total_variation(guess, train_y)],
+            "predicted": np.round(guess, 4).tolist(), "train_truth": np.round(train_y, 4).tolist(),
+            "prior_distribution": np.round(prior, 4).tolist()}
+
+
 # --- (b) membership -------------------------------------------------------------------------
 def roc_auc(positive: np.ndarray, negative: np.ndarray) -> float:
     """P(score of a positive > score of a negative), ties counting ½ (Mann-Whitney)."""
@@ -441,6 +508,82 @@ def run_setting(method: str, setting: str, args: argparse.Namespace,
     }
 
 
+def calibrated_sigma(method: str, epsilon: float, plan_rounds: int, num_clients: int) -> float:
+    """The noise multiplier a ``dp=client`` run of ``method`` over ``plan_rounds`` rounds
+    (every client every round) is calibrated to for ``epsilon`` (the engine's own rule)."""
+    from fedgraph_flwr.algorithms import get_algorithm
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.privacy_budget import PrivacyBudget
+
+    config = resolve_config(None, {"algorithm": method, "rounds": plan_rounds,
+                                   "num-clients": num_clients, "dp": "client",
+                                   "dp-epsilon": epsilon})
+    trainer = get_algorithm(method).trainer
+    ids = list(range(num_clients))
+    budget = PrivacyBudget(config, trainer, trainer.phases, lambda r: ids, ids)
+    return float(budget.config.dp_noise_multiplier)
+
+
+def run_sign_setting(method: str, setting: str, args: argparse.Namespace,
+                     log=print) -> dict[str, Any]:
+    """One round of the target federation and the classifier-sign attack on it; under dp,
+    the noise of a run calibrated to ``--dp-epsilon`` over ``--plan-rounds`` rounds."""
+    t0 = time.perf_counter()
+    dp: dict[str, Any] = {}
+    if setting != "off":
+        sigma = calibrated_sigma(method, args.dp_epsilon, args.plan_rounds, args.num_clients)
+        dp = {"dp": setting, "dp-noise-multiplier": sigma}
+    with tempfile.TemporaryDirectory(prefix="privacy-attacks-") as scratch:
+        overrides = {"algorithm": method, "dataset": args.dataset, "rounds": 1,
+                     "seed": args.seed, "output-dir": scratch, "partition": "metis",
+                     "num-clients": args.num_clients,
+                     **({"data-root": args.data_root} if args.data_root else {}), **dp}
+        target, _ = run_recorded(overrides)
+    num_classes = int(next(iter(target.configs.values())).num_classes_global)
+    log(f"sign {method} {setting}: one round done ({time.perf_counter() - t0:.0f} s)")
+    return {"method": method, "setting": setting, "dp": dp,
+            "budget": ({"epsilon": args.dp_epsilon, "rounds": args.plan_rounds}
+                       if setting != "off" else None),
+            "target": {"dataset": args.dataset, "num-clients": args.num_clients,
+                       "partition": "metis", "rounds": 1, "seed": args.seed},
+            "sign": sign_attack(target, num_classes),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def sign_path(out: Path, method: str, setting: str, epsilon: float, plan_rounds: int) -> Path:
+    suffix = "" if setting == "off" else f"-eps{epsilon:g}-over{plan_rounds}"
+    return out / f"sign-{method}-dp-{setting}{suffix}.json"
+
+
+def sign_table(out: Path) -> str:
+    """The sign attack's block (markers included) from every ``sign-*.json`` under ``out``."""
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("sign-*.json"))]
+    commands = sorted({r.get("command", "?") for r in rows})
+    lines = [SIGN_BEGIN, "", *(f"`{c}`" for c in commands), "",
+             "| method | setting | σ | TV, training labels | TV, all nodes | majority class named "
+             "| uniform guess: TV train / all | prior guess: TV train / all, majority named |",
+             "|---|---|---|---|---|---|---|---|"]
+    def order(r: dict) -> tuple:
+        budget = r["budget"] or {}
+        return (METHODS.index(r["method"]) if r["method"] in METHODS else len(METHODS),
+                r["setting"] != "off", r["setting"], budget.get("epsilon", 0),
+                budget.get("rounds", 0))
+
+    for r in sorted(rows, key=order):
+        a, n = r["sign"], len(r["sign"]["clients"])
+        setting = ("DP off" if r["setting"] == "off" else
+                   f"dp={r['setting']}, ε={r['budget']['epsilon']:g} over "
+                   f"{r['budget']['rounds']} round{'s' if r['budget']['rounds'] > 1 else ''}")
+        sigma = f"{r['dp']['dp-noise-multiplier']:.4g}" if r["dp"] else "–"
+        lines.append(
+            f"| {r['method']} | {setting} | {sigma} | {a['tv_train']:.3f} | {a['tv_all']:.3f} | "
+            f"{a['majority_hits']} of {n} | {a['uniform']['tv_train']:.3f} / "
+            f"{a['uniform']['tv_all']:.3f} | {a['prior']['tv_train']:.3f} / "
+            f"{a['prior']['tv_all']:.3f}, {a['prior']['majority_hits']} of {n} |")
+    lines += ["", SIGN_END]
+    return "\n".join(lines)
+
+
 # --- the table --------------------------------------------------------------------------------
 def setting_title(setting: str, epsilon: float) -> str:
     return "DP off" if setting == "off" else f"DP {setting}, ε={epsilon:g}"
@@ -513,14 +656,14 @@ def result_path(out: Path, method: str, setting: str, epsilon: float) -> Path:
     return out / f"{method}-dp-{setting}{suffix}.json"
 
 
-def write_doc(doc: Path, block: str) -> None:
+def write_doc(doc: Path, block: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> None:
     """Replace the table between the markers of ``doc`` (a new file: just the block)."""
     from fedgraph_flwr.generated import replace_block
 
-    text = doc.read_text() if doc.exists() else "# Privacy attacks\n\n" + DOC_BEGIN + "\n" + DOC_END + "\n"
-    new = replace_block(text, DOC_BEGIN, DOC_END, block)
+    text = doc.read_text() if doc.exists() else "# Privacy attacks\n\n" + begin + "\n" + end + "\n"
+    new = replace_block(text, begin, end, block)
     if new is None:
-        raise SystemExit(f"privacy_attacks: error: {doc} lacks the markers {DOC_BEGIN} ... {DOC_END}")
+        raise SystemExit(f"privacy_attacks: error: {doc} lacks the markers {begin} ... {end}")
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(new)
 
@@ -544,6 +687,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2-core machine)")
     parser.add_argument("--doc", type=Path, default=Path("docs/results/privacy-attacks.md"))
     parser.add_argument("--table-only", action="store_true", help="only rewrite the table")
+    parser.add_argument("--attack", choices=("shadow", "sign"), default="shadow",
+                        help="shadow: (a) and (b), shadow federations over --rounds rounds; "
+                             "sign: (c), one round, no shadows")
+    parser.add_argument("--plan-rounds", type=int, default=100,
+                        help="--attack sign under dp: the rounds of the run whose noise round 1 "
+                             "carries (dp-epsilon spread over them)")
     args = parser.parse_args(argv)
     global KEYED_NOISE
     KEYED_NOISE = args.noise == "keyed"
@@ -552,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     command = "python benchmarks/privacy_attacks.py " + " ".join(
         a for a in (sys.argv[1:] if argv is None else argv) if a != "--table-only")
+    if args.attack == "sign":
+        return sign_main(args, command)
     if not args.table_only:
         for method in args.methods:
             for setting in args.settings:
@@ -568,9 +719,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 try:
                     result = run_setting(method, setting, args)
-                except ConfigError as exc:
-                    print(f"privacy_attacks: error: {exc}", file=sys.stderr)
-                    return 1
+                except ConfigError as exc:  # a combination the method refuses (one line)
+                    print(f"{method} {setting}: refused: {exc}")
+                    continue
                 result["command"] = command
                 blob = json.dumps(result, indent=1).encode()
                 atomic_write(path, lambda fh, b=blob: fh.write(b))
@@ -579,6 +730,36 @@ def main(argv: list[str] | None = None) -> int:
                       f"membership AUC {mia['auc_mean']:.3f} (pooled {mia['auc_pooled']:.3f}), "
                       f"{result['seconds']:.0f} s -> {path}")
     write_doc(args.doc, table(args.out, args.methods, args.settings, args.dp_epsilon))
+    print(f"wrote {args.doc}")
+    return 0
+
+
+def sign_main(args: argparse.Namespace, command: str) -> int:
+    """``--attack sign``: each (method, setting) once, resumable; then the doc's block."""
+    from fedgraph_flwr.atomic import atomic_write
+    from fedgraph_flwr.config import ConfigError
+
+    if not args.table_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for method in args.methods:
+            for setting in args.settings:
+                path = sign_path(args.out, method, setting, args.dp_epsilon, args.plan_rounds)
+                if path.exists():
+                    print(f"sign {method} {setting}: {path} exists, skipped")
+                    continue
+                try:
+                    result = run_sign_setting(method, setting, args)
+                except (ConfigError, ValueError) as exc:  # refused, or no classifier to read
+                    print(f"sign {method} {setting}: not run: {exc}")
+                    continue
+                result["command"] = command
+                blob = json.dumps(result, indent=1).encode()
+                atomic_write(path, lambda fh, b=blob: fh.write(b))
+                a = result["sign"]
+                print(f"sign {method} {setting}: TV train {a['tv_train']:.3f} (uniform "
+                      f"{a['uniform']['tv_train']:.3f}, prior {a['prior']['tv_train']:.3f}), "
+                      f"majority {a['majority_hits']}/{len(a['clients'])} -> {path}")
+    write_doc(args.doc, sign_table(args.out), SIGN_BEGIN, SIGN_END)
     print(f"wrote {args.doc}")
     return 0
 

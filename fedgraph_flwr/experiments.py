@@ -168,6 +168,8 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
                 try:
                     saved = json.loads(target.read_text())
                     changed: list[str] | None = stale_keys(saved["config"], cfg)
+                    if changed == [] and dp_accounted_add_remove(saved):
+                        changed = ["dp accounting (add/remove, before issue #76)"]
                     stopped = stopped_after(saved)
                 except (ValueError, KeyError, TypeError):  # not a results.json we can read
                     changed, stopped = None, None
@@ -279,6 +281,14 @@ def stale_keys(saved: dict[str, Any], config: RunConfig) -> list[str]:
     own = set(common_defaults()) | set(config.options.keys())
     return sorted(k for k in own - set(NOT_RESULT_KEYS)
                   if json.dumps(saved.get(k), default=str) != json.dumps(current.get(k), default=str))
+
+
+def dp_accounted_add_remove(res: dict[str, Any]) -> bool:
+    """Whether a dp run's ε was accounted add/remove (sensitivity C), as before issue #76:
+    its dp-epsilon then calibrated half the noise the replace-one accounting asks for, so
+    a grid re-runs it rather than keep it under the same label."""
+    dp = res.get("dp")
+    return isinstance(dp, dict) and "neighbours" not in dp
 
 
 def move_aside(run_dir: Path, stale_root: Path) -> Path:

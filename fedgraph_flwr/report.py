@@ -128,9 +128,13 @@ def headline_cards(results: dict[str, Any]) -> str:
     final = results.get("final", {})
     metric = final.get("metric", "accuracy")
     n = len(results.get("rounds", []))
+    evaluated, total = final.get("clients_evaluated"), final.get("clients")
+    over = ("all clients' held models" if evaluated is None or total is None
+            or evaluated >= total
+            else f"the held models of the {evaluated} of {total} clients ever sampled")
     cards = [
         card(f"test {metric} @ best val (%)", pct(final.get("test_at_best_val")),
-             "mean over all clients' held models, at the round of best mean val", main=True),
+             f"mean over {over}, at the round of best mean val", main=True),
         card("best round", str(final.get("best_round") or "–"),
              f"of {n}; val there {pct(final.get('val_at_best_val'))} %"),
         card("per-client best-val test (%)", pct(final.get("per_client_best_val_test")),
@@ -161,7 +165,8 @@ def headline_cards(results: dict[str, Any]) -> str:
         cards.append(card(f"privacy: dp={dp['scope']}",
                           f"ε = {_num(dp['epsilon']):.3g} at δ = {_num(dp['delta']):g}",
                           f"σ = {_num(dp['noise_multiplier']):.4g}, C = {_num(dp['clip']):g}, "
-                          f"{dp['releases']} releases; covers {dp['covers']}; noise {keyed}"))
+                          f"{dp['releases']} releases, {dp.get('neighbours', 'add-remove')} "
+                          f"neighbours; covers {dp['covers']}; noise {keyed}"))
     if results.get("stopped"):
         cards.append(card("stopped early", f"after round {n}", str(results["stopped"])))
     return f'<div class="cards">{"".join(cards)}</div>'

@@ -17,13 +17,17 @@ def format_summary(results: dict[str, Any]) -> str:
     ]
     for cid, facts in results["clients"].items():
         pc = final.get("per_client", {}).get(cid)
+        nodes, train = facts.get("num-nodes", "-"), facts.get("num-train", "-")  # dp=client: withheld
         if pc is None:
-            lines.append(f"{cid:>6} {facts['num-nodes']:>7} {facts['num-train']:>6} {'-':>8}")
+            lines.append(f"{cid:>6} {nodes:>7} {train:>6} {'-':>8}")
             continue
-        lines.append(f"{cid:>6} {facts['num-nodes']:>7} {facts['num-train']:>6} "
+        lines.append(f"{cid:>6} {nodes:>7} {train:>6} "
                      f"{pc['best_round']:>8} {pc['val']:>7.2f} {pc['test']:>7.2f}")
+    evaluated, total = final.get("clients_evaluated"), final.get("clients")
+    over = (f" over the {evaluated} of {total} clients ever sampled"
+            if evaluated is not None and total is not None and evaluated < total else "")
     lines.append(
-        f"test at best mean-val round ({final.get('best_round')}): "
+        f"test at best mean-val round ({final.get('best_round')}){over}: "
         f"{final['test_at_best_val']:.2f}%  | mean of per-client best-val test: "
         f"{final.get('per_client_best_val_test', float('nan')):.2f}%"
     )

@@ -24,10 +24,11 @@ from helpers import round_metrics
 def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp_path, algorithm):
     cfg = resolve_config(None, {"algorithm": algorithm, "num-clients": 4, "hidden": 8,
                                 "dataset": "SBM", "fraction": 0.5, "output-dir": str(tmp_path)})
-    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10,
-                  "num-nodes": 60} for c in range(4)}
-    fed = Federation(cfg, roster, log=lambda msg: None)
     graphs = {c: _graph(60, seed=c) for c in range(4)}
+    roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES,
+                  "num-train": int(graphs[c].train_mask.sum()), "num-nodes": 60}
+              for c in range(4)}
+    fed = Federation(cfg, roster, log=lambda msg: None)
     states: dict[int, bytes] = {}
     seen_before: set[int] = set()
     for server_round in range(1, 5):
@@ -42,7 +43,7 @@ def test_unsampled_clients_keep_their_model_and_mixing_uses_the_sampled_only(tmp
             states[c] = out.state
             replies[c] = ClientReply(out.upload, out.signature, {**out.metrics, "partition-id": c})
         record = fed.complete_round(server_round, sampled, replies, {}, {})
-        assert sorted(record.clients) == sampled
+        assert sorted(record.clients) == sampled, record.failures
         for c in set(range(4)) - set(sampled):  # not sampled: exactly the payload it had
             after = fed.payload_for(c)
             assert all(np.array_equal(after[k], before[c][k]) for k in after)
@@ -143,3 +144,31 @@ def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
     assert final["pooled_majority_at_best_val_loss"] == pytest.approx(100 * (15 - 5) / 12)
     assert final["macro_test_at_best_val_loss"] == pytest.approx(100 * (0.8 + 0.7) / 2)
     assert final["macro_minority_at_best_val_loss"] == pytest.approx(100 * (0.5 + 0.75) / 2)
+
+
+def test_a_run_that_never_samples_some_clients_scores_those_it_did(tmp_path):
+    """Issue #76 finding 10: a fraction=0.5 run short enough that some client is never
+    sampled printed `nan%` as its final accuracy (the protocols waited for every client's
+    held model). Its figures are now over the clients that were evaluated, and say so."""
+    from fedgraph_flwr.summary import format_summary
+
+    run = run_federation({"algorithm": "fedavg", "dataset": "SBM", "num-clients": 10,
+                          "rounds": 2, "hidden": 8, "fraction": 0.5,
+                          "output-dir": str(tmp_path)}, write=False)
+    sampled = {c for r in run["rounds"] for c in r["sampled"]}
+    assert len(sampled) == 8  # seed 0's draws: [0, 2, 4, 6, 9], then [0, 1, 4, 5, 7]
+    final = run["final"]
+    assert (final["clients_evaluated"], final["clients"]) == (8, 10)
+    latest: dict[str, tuple[float, float]] = {}
+    for r in run["rounds"]:  # the held models of the evaluated clients, round by round
+        latest.update({c: (m["val_metric"], m["test_metric"]) for c, m in r["clients"].items()})
+    assert final["best_round"] == 2  # round 1 held only 5 of the 8
+    assert final["test_at_best_val"] == pytest.approx(
+        100 * np.mean([t for _, t in latest.values()]))
+    assert sorted(final["per_client"]) == sorted(str(c) for c in sampled)
+    assert final["per_client_best_val_test"] == pytest.approx(
+        np.mean([v["test"] for v in final["per_client"].values()]))
+    for key in ("test_at_best_val", "per_client_best_val_test", "pooled_test_at_best_val_loss"):
+        assert np.isfinite(final[key]), key
+    text = format_summary(dict(run, wall_time_s=0.0))
+    assert "nan" not in text and "over the 8 of 10 clients ever sampled" in text

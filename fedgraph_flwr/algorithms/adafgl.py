@@ -629,7 +629,7 @@ class AdaFGLAggregator(Aggregator):
         metrics: dict[str, float] = {}
         scored = [c for c in ids if math.isfinite(updates[c].metrics.get(GLOBAL_VAL, math.nan))]
         if scored:
-            nodes = np.array([updates[c].metrics[NODES_KEY] for c in scored], dtype=np.float64)
+            nodes = self._node_weights(updates, scored)
             vals = np.array([updates[c].metrics[GLOBAL_VAL] for c in scored])
             tests = np.array([updates[c].metrics.get(GLOBAL_TEST, math.nan) for c in scored])
             metrics["global_val"] = float(nodes @ vals / nodes.sum())
@@ -640,13 +640,20 @@ class AdaFGLAggregator(Aggregator):
             self.best_score, self.best_round = metrics["global_val"], server_round - 1
             self.best_arrays = self.global_arrays
         if server_round <= opts.rounds_step1 and ids:
-            nodes = np.array([updates[c].metrics[NODES_KEY] for c in ids], dtype=np.float64)
+            nodes = self._node_weights(updates, ids)
             self.global_arrays = average(nodes / nodes.sum(), [updates[c].arrays for c in ids],
                                          self.mix_dtype)
         elif server_round >= opts.delivery_round:
             self.delivered.update(ids)
         metrics.update({"best_round": float(self.best_round), "delivered": float(len(self.delivered))})
         return AggregateResult(payloads={}, metrics=metrics)
+
+    def _node_weights(self, updates: dict[int, ClientUpdate], ids: list[int]) -> np.ndarray:
+        """Each client's node count, or 1 each under dp=client, where counts never leave
+        a client (privacy/counts.py)."""
+        if self.config.dp == "client":
+            return np.ones(len(ids))
+        return np.array([updates[c].metrics[NODES_KEY] for c in ids], dtype=np.float64)
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Nothing to combine: step 2 is local."""

@@ -12,7 +12,9 @@ What leaves a client: every parameter except the FED-PUB masks (``*.mask``).
 The masks are purely local (the reference code uploads them but never lets the
 server overwrite them; not uploading them is equivalent for the model and sends
 half as many floats). ``signature()`` repeats the APV (d' floats) for the
-engine's diagnostics. Nothing uploaded depends on the node count.
+engine's diagnostics. Nothing uploaded depends on the node count. Since the APV is
+uploaded too, ``dp=signature`` (which noises only the copy) needs the weights
+encrypted (``secure-aggregation=ckks``) and is refused without.
 
 ``fedaux-server=average`` is the FedAvg_mask ablation (spec §7.4 ii): same
 client, but the server averages uniformly into one global model.
@@ -41,11 +43,11 @@ from ..nn.apv_kernel import KERNEL_IMPLS, SCORE_MODES
 from ..nn.fedaux_net import APV_INITS, CLASSIFIER_INITS, HEADS, VARIANTS, FedAuxNet
 from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
 from .mixing import cosine_similarity, mix, row_softmax
-from .options import Options, option
+from .options import ConfigError, Options, option
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
-    from ..config import ClientConfig
+    from ..config import ClientConfig, RunConfig
 
 SERVER_MODES = ("personalized", "average")
 DP_MIXING_MODES = ("shrink", "raw")
@@ -87,6 +89,15 @@ class FedAuxOptions(Options, prefix="fedaux"):
         """Reject option values that are invalid together."""
         if self.hard_kernel % 2 == 0:
             raise self.invalid("hard_kernel", "must be odd")
+
+    def check_run(self, config: RunConfig) -> None:
+        """dp=signature noises the signature, a copy of the APV; the APV itself is one of the
+        uploaded weights, so without encrypted weights the same reply would carry it
+        un-noised beside its noised copy (issue #76, finding 7)."""
+        if config.dp == "signature" and config.secure_aggregation == "off":
+            raise ConfigError("dp=signature for algorithm=fedaux needs secure-aggregation=ckks: "
+                              "its APV is one of the weights, which without it go in the clear "
+                              "beside the noised copy; use dp=client")
 
 
 # Runs made before fedaux-classifier-init existed drew the head as nn.Linear does; runs

@@ -101,7 +101,7 @@ def handshake(message: Message, context: Context) -> Message:
         device = rt.pick_device(config.device)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the server
         return _data_error_reply(message, exc)
-    info = rt.describe(data, num_classes, identity, device)
+    info = rt.describe(data, num_classes, identity, device, config.dp)
     info.update(rt.ray_resources())
     return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)
 

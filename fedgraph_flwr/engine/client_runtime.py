@@ -27,6 +27,7 @@ from ..algorithms import get_algorithm
 from ..algorithms.base import TRAIN, Arrays, Phase
 from ..algorithms.supervised import state_follows
 from ..config import ClientConfig, ClientSettings, ConfigError
+from ..privacy import counts as privacy_counts
 from ..privacy import scope as privacy_scope
 from ..privacy.mechanism import NOISE_KEY_ENV, Mechanism, noise_key_words
 from . import state_codec
@@ -228,9 +229,11 @@ def check_client_keys(config: ClientSettings, identity: ClientIdentity | None = 
             f"(docs/privacy.md, 'Whose noise')")
 
 
-def describe(data: Data, num_classes: int, identity: ClientIdentity, device: torch.device) -> dict[str, Any]:
-    """Scalar facts about the subgraph for the server's handshake (nothing per node)."""
-    return {
+def describe(data: Data, num_classes: int, identity: ClientIdentity, device: torch.device,
+             dp: str = "off") -> dict[str, Any]:
+    """Scalar facts about the subgraph for the server's handshake (nothing per node; no
+    count under ``dp=client``: privacy/counts.py)."""
+    return privacy_counts.handshake_facts({
         "partition-id": identity.partition_id,
         "num-nodes": int(data.num_nodes),
         "num-edges": int(data.edge_index.size(1)),
@@ -240,7 +243,7 @@ def describe(data: Data, num_classes: int, identity: ClientIdentity, device: tor
         "num-features": int(data.num_features),
         "num-classes": int(num_classes),
         "device": str(device),
-    }
+    }, dp)
 
 
 def in_ray_worker() -> bool:
@@ -574,7 +577,7 @@ def handle_phase(config: ClientConfig, phase: Phase, arrays: Arrays, data: Data,
     if store.keeps_bytes:
         metrics["state-bytes"] = len(out.state)
     metrics["mem-peak-rss-mib"] = peak_rss_mib()
-    return out, metrics
+    return out, privacy_counts.reply_metrics(metrics, config.dp)  # dp=client: no count
 
 
 def privatize_reply(out: RoundOutput, config: ClientConfig, phase: Phase, request: Arrays,

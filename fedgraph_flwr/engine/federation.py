@@ -21,6 +21,7 @@ import numpy as np
 from ..algorithms import get_algorithm
 from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
 from ..config import ClientConfig, RunConfig
+from ..privacy import counts as privacy_counts
 from ..secure_aggregation import check_method, load_public_context, public_context_path
 from .ckks_mixing import CiphertextMixer
 from .ledger import ClientStateLedger
@@ -69,7 +70,8 @@ class Federation:
             self.initial, self.algo.trainer.signature_shapes(
                 self.num_features, self.num_classes, self.config.client_config()),
             self.roster.facts, self.config.max_array_bytes, log,
-            self.mixer.check if self.mixer else None)
+            self.mixer.check if self.mixer else None,
+            withheld=privacy_counts.withheld(self.config.dp))
         self.robust = (None if self.config.robust == "none" else RobustAggregation(
             self.config.robust, self.config.robust_malicious, self.config.robust_trim_beta, log))
         self.ledger = ClientStateLedger(self.config)

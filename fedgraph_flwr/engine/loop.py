@@ -47,7 +47,8 @@ class InProcessTransport(Transport):
         for cid in range(k):
             identity = rt.identify({"partition-id": cid, "num-partitions": k}, client)
             self.data[cid], self.num_classes[cid] = rt.load_client_data(identity, client)
-            roster[cid] = rt.describe(self.data[cid], self.num_classes[cid], identity, self.device)
+            roster[cid] = rt.describe(self.data[cid], self.num_classes[cid], identity, self.device,
+                                      client.dp)
         return roster
 
     def exchange(self, phase: Phase, requests: dict[int, ClientRequest], timeout: float

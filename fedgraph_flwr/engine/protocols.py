@@ -122,14 +122,18 @@ def best_held_round(rounds: list[RoundLog], held: dict[int, tuple[float, float]]
     return scored[best_val_index([held[r.round][0] for r in scored])] if scored else None
 
 
+def evaluated_clients(rounds: list[RoundLog], client_ids: list[int]) -> list[int]:
+    """The clients that reported a validation metric at least once (with ``fraction`` < 1
+    a short run may never sample some)."""
+    return [c for c in client_ids
+            if any(c in r.clients and not math.isnan(r.clients[c].get(VAL, float("nan")))
+                   for r in rounds)]
+
+
 def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], metric: str,
                      num_classes: int) -> dict[str, Any]:
     """The papers' protocol: mean test at the best mean-val round, and per-client
     best-val test. "Mean" is over all clients' held models (:func:`held_means`)."""
-    held = held_means(rounds, client_ids)
-    best = best_held_round(rounds, held)
-    if best is None:
-        return {"test_at_best_val": float("nan"), "best_round": None}
     per_client: dict[str, dict[str, float]] = {}
     for cid in client_ids:
         seen = [r for r in rounds if cid in r.clients and not math.isnan(r.clients[cid][VAL])]
@@ -137,13 +141,19 @@ def held_at_best_val(rounds: list[RoundLog], client_ids: list[int], metric: str,
             r = seen[best_val_index([r.clients[cid][VAL] for r in seen])]
             per_client[str(cid)] = {"best_round": r.round, "val": 100 * r.clients[cid][VAL],
                                     "test": 100 * r.clients[cid][TEST]}
+    per_client_mean = (float(np.mean([v["test"] for v in per_client.values()]))
+                       if per_client else float("nan"))
+    held = held_means(rounds, client_ids)
+    best = best_held_round(rounds, held)
+    if best is None:
+        return {"test_at_best_val": float("nan"), "best_round": None,
+                "per_client_best_val_test": per_client_mean, "per_client": per_client}
     return {
         "metric": resolve_metric(metric, num_classes),
         "test_at_best_val": 100 * held[best.round][1],
         "val_at_best_val": 100 * held[best.round][0],
         "best_round": best.round,
-        "per_client_best_val_test": float(np.mean([v["test"] for v in per_client.values()]))
-        if per_client else float("nan"),
+        "per_client_best_val_test": per_client_mean,
         "per_client": per_client,
     }
 
@@ -174,6 +184,13 @@ def costs(rounds: list[RoundLog]) -> dict[str, Any]:
 
 def final(rounds: list[RoundLog], client_ids: list[int], metric: str,
           num_classes: int) -> dict[str, Any]:
-    """results.json's ``final``: every protocol, then the run's costs."""
-    return {**held_at_best_val(rounds, client_ids, metric, num_classes),
-            **pooled_at_best_val_loss(rounds, client_ids), **costs(rounds)}
+    """results.json's ``final``: every protocol, then the run's costs.
+
+    The protocols average over every client; a client never sampled (``fraction`` < 1,
+    a short run) has no model to score, so they then average over the clients that
+    were (``clients_evaluated`` of ``clients``) rather than give no figure at all."""
+    evaluated = evaluated_clients(rounds, client_ids)
+    scored = evaluated or client_ids
+    return {**held_at_best_val(rounds, scored, metric, num_classes),
+            "clients_evaluated": len(evaluated), "clients": len(client_ids),
+            **pooled_at_best_val_loss(rounds, scored), **costs(rounds)}

@@ -47,13 +47,18 @@ class ReplyValidator:
     def __init__(self, initial: Arrays, signature_shapes: Mapping[str, tuple[int, ...]],
                  facts: Mapping[int, Mapping[str, Any]], max_array_bytes: int,
                  log: Callable[[str], None] = print,
-                 ciphertexts: Callable[[Arrays], str | None] | None = None) -> None:
+                 ciphertexts: Callable[[Arrays], str | None] | None = None,
+                 withheld: frozenset[str] = frozenset()) -> None:
         self.schema = {k: (v.shape, v.dtype) for k, v in initial.items()}
         self.signature_shapes = {k: tuple(int(s) for s in v) for k, v in signature_shapes.items()}
         self.facts = facts
         self.ciphertexts = ciphertexts
         self.max_array_bytes = max_array_bytes
         self.log = log
+        # dp=client (issue #76): the counts no client sends (privacy/counts.py). The contract
+        # does not ask for them, one a client sends anyway is dropped, and every client
+        # weighs 1 where the aggregator weighs by training nodes.
+        self.withheld = withheld
 
     def check(self, cid: int, reply: ClientReply, phase: str = "train") -> str | None:
         """Why client ``cid``'s reply must be rejected, or None."""
@@ -130,7 +135,7 @@ class ReplyValidator:
             return "train loss is NaN or Inf"
         if not train:
             return None
-        missing = protocols.missing_metrics(dict(metrics))
+        missing = [k for k in protocols.missing_metrics(dict(metrics)) if k not in self.withheld]
         if missing:
             return (f"metrics {missing[:4]} missing (every train reply carries the "
                     f"engine's metric contract, engine/protocols.py)")
@@ -152,7 +157,7 @@ class ReplyValidator:
                 return f"{key} is {value!r}, not a count"
             if bound is not None and value > bound:
                 return f"{key} is {value:g}, above {bound_key}={bound:g} of {where}"
-        if metrics["num-train"] < 1:
+        if metrics.get("num-train", 1) < 1:
             return "num-train is 0: a client without training nodes cannot train"
         return None
 
@@ -167,6 +172,7 @@ class ReplyValidator:
                                                          else f" (phase {phase.name})")
                 self.log(f"round {server_round}: client {cid} reply rejected: {reason}")
                 continue
-            updates[cid] = ClientUpdate(reply.upload, reply.signature,
-                                        int(reply.metrics.get("num-train", 0)), reply.metrics)
+            metrics = {k: v for k, v in reply.metrics.items() if k not in self.withheld}
+            num_train = 1 if "num-train" in self.withheld else int(metrics.get("num-train", 0))
+            updates[cid] = ClientUpdate(reply.upload, reply.signature, num_train, metrics)
         return updates

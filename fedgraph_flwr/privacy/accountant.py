@@ -1,9 +1,16 @@
 """The server's privacy accountant: ε(δ) of what each client has released so far.
 
-Each reply a scope covers (:mod:`.scope`) is one Gaussian mechanism with noise
-multiplier σ; a client's guarantee after n releases is the n-fold composition, tracked
-with dp-accounting's RDP accountant (Mironov 2017; the accountant TF Privacy and Opacus
-use). The run's ε is the largest over its clients.
+Neighbouring relation: **replace-one**, one client's whole data replaced by any other.
+The noise is added on the client (local DP), so what an adversary holding a reply must
+not tell apart is this client's data against any other data the client could hold: two
+replies clipped to norm C then differ by up to 2C. Each reply a scope covers
+(:mod:`.scope`) is one Gaussian mechanism with noise std σ·C (σ = ``dp-noise-multiplier``)
+and sensitivity 2C, i.e. noise multiplier σ/2 in dp-accounting's terms (add/remove, where
+one reply's presence is the difference, does not fit local noise: the server sees who
+replied). A client's guarantee after n releases is the n-fold composition, tracked with
+dp-accounting's RDP accountant (Mironov 2017; the accountant TF Privacy and Opacus use);
+tests/test_dp.py checks it against dp-accounting's PLD accountant (tighter, ≤ RDP). The
+run's ε is the largest over its clients.
 
 Sampling (``fraction``) is taken into account by counting: a client spends only in the
 rounds it is sampled. The server picks the sample, so it knows who took part: there is
@@ -27,17 +34,27 @@ RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64))
                    + [64, 80, 96, 128, 160, 192, 256, 384, 512, 1024])
 
 
+#: Replace-one: two clipped replies differ by up to this many clip norms.
+SENSITIVITY_IN_CLIPS = 2.0
+NEIGHBOURS = "replace-one"
+
+
 class BudgetError(ValueError):
     """No noise multiplier meets the target ε (one line)."""
 
 
+def release_event(noise_multiplier: float) -> dp_accounting.DpEvent:
+    """One release: noise std σ·C over sensitivity 2C, a Gaussian of multiplier σ/2."""
+    return dp_accounting.GaussianDpEvent(noise_multiplier / SENSITIVITY_IN_CLIPS)
+
+
 @lru_cache(maxsize=4096)
 def epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
-    """ε(δ) of ``releases`` Gaussian mechanisms with noise multiplier σ (0 releases: 0)."""
+    """ε(δ) of ``releases`` releases with noise multiplier σ (0 releases: 0)."""
     if releases <= 0:
         return 0.0
     accountant = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
-    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), releases)
+    accountant.compose(release_event(noise_multiplier), releases)
     return float(accountant.get_epsilon(delta))
 
 
@@ -49,8 +66,7 @@ def calibrate(target_epsilon: float, releases: int, delta: float) -> float:
     try:
         sigma = dp_accounting.calibrate_dp_mechanism(
             lambda: dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS)),
-            lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s),
-                                                        releases),
+            lambda s: dp_accounting.SelfComposedDpEvent(release_event(s), releases),
             target_epsilon, delta,
             dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4)
     except Exception as exc:  # noqa: BLE001 - the library's bracket errors, as one line
@@ -97,10 +113,11 @@ class PrivacyAccountant:
         return eps if eps > self.budget else None
 
     def summary(self) -> dict[str, Any]:
-        """What results and progress show: ε, δ, σ and the most releases of any client."""
+        """What results and progress show: ε, δ, σ, the most releases of any client and
+        the neighbouring relation ε is for."""
         return {"epsilon": self.epsilon(), "delta": self.delta,
                 "noise_multiplier": self.noise_multiplier,
-                "releases": max(self.releases.values(), default=0)}
+                "releases": max(self.releases.values(), default=0), "neighbours": NEIGHBOURS}
 
     def state_dict(self) -> dict[str, Any]:
         """The counts, for the checkpoint."""

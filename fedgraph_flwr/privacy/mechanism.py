@@ -2,10 +2,12 @@
 
 One phase reply is one release. What its scope covers (:mod:`.scope`) is clipped to L2
 norm ``dp-clip`` (C) as a whole, then every covered coordinate gets N(0, (σ·C)²) noise,
-σ = ``dp-noise-multiplier``: the Gaussian mechanism with sensitivity C under add/remove
-adjacency of a client's whole data (client-level DP, as DP-FedAvg, McMahan et al. 2018,
-and Flower's ``LocalDpMod``). Noise is added before anything leaves the client, so the
-guarantee holds against the server and against the other clients, who receive mixtures.
+σ = ``dp-noise-multiplier`` (the noise std in clip norms, as in Flower's ``LocalDpMod``
+and Opacus). Noise is added before anything leaves the client, so the guarantee holds
+against the server and against the other clients, who receive mixtures; against them
+the neighbouring relation is replace-one (a client's whole data replaced by any other),
+under which two clipped replies differ by up to 2C: the accountant
+(:mod:`.accountant`) counts each release as a Gaussian mechanism of sensitivity 2C.
 
 Weights are clipped as an update: the change from what the server sent this phase
 (an array the request did not carry is clipped as it is). When a reply has both an
