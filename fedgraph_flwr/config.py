@@ -52,7 +52,7 @@ FEATURES = ("normalized", "raw")
 METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
-SECURE_AGGREGATIONS = ("off", "ckks")
+SECURE_AGGREGATIONS = ("off", "ckks", "ckks-threshold")
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
@@ -120,7 +120,9 @@ class ClientSettings(Options):
                                         "dp-epsilon)", low=0.0)
     # secure aggregation (fedgraph_flwr/secure_aggregation.py, docs/secure-aggregation.md)
     secure_aggregation: str = option("off", "ckks: train uploads encrypted under a CKKS key the "
-                                     "server does not hold; it mixes ciphertexts",
+                                     "server does not hold (one shared by every client); "
+                                     "ckks-threshold: under OpenFHE's threshold CKKS, each "
+                                     "client holds a key share (docs/secure-aggregation.md)",
                                      choices=SECURE_AGGREGATIONS)
     ckks_secret_context: str = option("", "ckks: the client's secret-context file (env "
                                       "FEDGRAPH_CKKS_SECRET_CONTEXT wins; in-process/simulation: "
