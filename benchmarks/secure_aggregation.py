@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                           args.clients, args.out, extra)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("\n| algorithm | mode | rounds | MB sent/round | MB received/round | s/round | wall s/round "
-          "| aggregate s | encrypt s (all clients) | decrypt s (all clients) | test@best-val | per-client best-val test |")
+    print("\n| algorithm | mode | rounds | MB sent/round | MB received/round | s/round "
+          "| wall s/round | aggregate s | encrypt s (all clients) | decrypt s (all clients) "
+          "| test@best-val | per-client best-val test |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['algorithm']} | {r['mode']} | {r['rounds']} | "
