@@ -1,6 +1,7 @@
-"""secure-aggregation=ckks vs off: bytes and seconds per round, in-process, real training.
+"""secure-aggregation=ckks and ckks-threshold vs off: bytes and seconds per round, in-process.
 
-Runs each algorithm twice on the same config (``secure-aggregation=off``, then ``ckks``)
+Runs each algorithm once per mode on the same config (``secure-aggregation=off``, ``ckks``,
+and with ``--modes`` ``ckks-threshold``)
 through the in-process transport and reports per round (mean over the rounds run):
 bytes sent to and received from all clients, the round's wall time, the server's
 aggregation time (ciphertext mixing under ckks), the clients' summed encrypt and decrypt
@@ -8,6 +9,8 @@ time, and the final accuracy of both.
 
     FEDGRAPH_DATA_ROOT=/path/to/data python benchmarks/secure_aggregation.py \\
         --algorithms fedavg fedaux --rounds 5
+    python benchmarks/secure_aggregation.py --algorithms fedavg --rounds 100 \
+        --modes off ckks ckks-threshold --mode-rounds ckks-threshold=3
     python benchmarks/secure_aggregation.py --runs <out>/ckks-cora-10   # a grid's runs
 
 Prints a markdown table and one JSON line per run (``{"benchmark": "secure_aggregation", ...}``).
@@ -51,6 +54,10 @@ def summarize(res: dict) -> dict:
         "bytes_sent_per_round": mean(sum(r["bytes_sent"].values()) for r in per_round),
         "bytes_received_per_round": mean(sum(r["bytes_received"].values()) for r in per_round),
         "round_s": mean(r["times"]["round"] for r in per_round),
+        # ckks-threshold: the key setup before round 1 (bytes both ways, seconds)
+        "setup_bytes": sum(p.get("bytes_sent", 0) + p.get("bytes_received", 0)
+                           for p in res.get("precompute", {}).values()),
+        "setup_s": sum(p.get("seconds", 0.0) for p in res.get("precompute", {}).values()),
         # the run's wall time per round: rounds plus what happens between them (the
         # checkpoint, which under ckks holds every client's ciphertext payload)
         "wall_s_per_round": res["wall_time_s"] / len(per_round),
@@ -69,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dataset", default="Cora")
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", default=["off", "ckks"],
+                        choices=["off", "ckks", "ckks-threshold"])
+    parser.add_argument("--mode-rounds", nargs="*", default=[], metavar="MODE=ROUNDS",
+                        help="fewer rounds for a costly mode (e.g. ckks-threshold=3)")
     parser.add_argument("--out", type=Path, default=Path("outputs/bench-secure-aggregation"))
     parser.add_argument("--data-root", default="", help="else FEDGRAPH_DATA_ROOT")
     parser.add_argument("--runs", type=Path,
@@ -87,17 +98,20 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         rows.sort(key=lambda r: (r["algorithm"], r["mode"] != "off"))
     extra = {"data-root": args.data_root} if args.data_root else {}
+    mode_rounds = {m: int(r) for m, r in (item.split("=", 1) for item in args.mode_rounds)}
     for algorithm in args.algorithms if args.runs is None else []:
-        for mode in ("off", "ckks"):
-            row = measure(algorithm, mode, args.rounds, args.dataset, args.clients, args.out,
-                          extra)
+        for mode in args.modes:
+            row = measure(algorithm, mode, mode_rounds.get(mode, args.rounds), args.dataset,
+                          args.clients, args.out, extra)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("\n| algorithm | mode | MB sent/round | MB received/round | s/round | wall s/round | aggregate s "
-          "| encrypt s (all clients) | decrypt s (all clients) | test@best-val | per-client best-val test |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| algorithm | mode | rounds | MB sent/round | MB received/round | s/round "
+          "| wall s/round | aggregate s | encrypt s (all clients) | decrypt s (all clients) "
+          "| test@best-val | per-client best-val test |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['algorithm']} | {r['mode']} | {r['bytes_sent_per_round'] / 1e6:.2f} | "
+        print(f"| {r['algorithm']} | {r['mode']} | {r['rounds']} | "
+              f"{r['bytes_sent_per_round'] / 1e6:.2f} | "
               f"{r['bytes_received_per_round'] / 1e6:.2f} | {r['round_s']:.2f} | "
               f"{r['wall_s_per_round']:.2f} | "
               f"{r['aggregate_s']:.2f} | {r['client_encrypt_s']:.2f} | "

@@ -52,7 +52,7 @@ FEATURES = ("normalized", "raw")
 METRICS = ("auto", "accuracy", "roc_auc")
 CLIENT_STATE_MODES = ("context", "file")
 MIX_DTYPES = ("float64", "float32")
-SECURE_AGGREGATIONS = ("off", "ckks")
+SECURE_AGGREGATIONS = ("off", "ckks", "ckks-threshold")
 ROBUST_RULES = ("none", "norm-bound", "trimmed-mean", "median", "krum", "multi-krum", "bulyan")
 #: The robust rules that replace a row of the mixing plan (they need the algorithm's plan).
 ROBUST_ROW_RULES = ("median", "trimmed-mean", "bulyan")
@@ -133,7 +133,9 @@ class ClientSettings(Options):
                                         "dp-epsilon)", low=0.0)
     # secure aggregation (fedgraph_flwr/secure_aggregation.py, docs/secure-aggregation.md)
     secure_aggregation: str = option("off", "ckks: train uploads encrypted under a CKKS key the "
-                                     "server does not hold; it mixes ciphertexts",
+                                     "server does not hold (one shared by every client); "
+                                     "ckks-threshold: under OpenFHE's threshold CKKS, each "
+                                     "client holds a key share (docs/secure-aggregation.md)",
                                      choices=SECURE_AGGREGATIONS)
     ckks_secret_context: str = option("", "ckks: the client's secret-context file (env "
                                       "FEDGRAPH_CKKS_SECRET_CONTEXT wins; in-process/simulation: "

@@ -74,13 +74,23 @@ def check_method(config: RunConfig) -> None:
     the clear (its aggregator has no :meth:`~.algorithms.base.Aggregator.mixing_plan`)."""
     from .algorithms import ALGORITHMS, get_algorithm
 
-    if config.secure_aggregation != "ckks":
+    mode = config.secure_aggregation
+    if mode not in ("ckks", "ckks-threshold"):
         return
     if not get_algorithm(config.algorithm).aggregator.has_mixing_plan():
         able = sorted(n for n, a in ALGORITHMS.items() if a.aggregator.has_mixing_plan())
         raise SecureAggregationError(
-            f"secure-aggregation=ckks: algorithm={config.algorithm}'s server needs the clients' "
-            f"weights in the clear; ckks works with {', '.join(able)}")
+            f"secure-aggregation={mode}: algorithm={config.algorithm}'s server needs the clients' "
+            f"weights in the clear; {mode} works with {', '.join(able)}")
+    if mode == "ckks-threshold":  # what the threshold protocol does not cover (yet)
+        for setting, unsupported in (("dp", config.dp != "off"),
+                                     ("client-state=file", config.client_state == "file"),
+                                     ("resume", bool(config.resume)),
+                                     ("fraction < 1", config.fraction < 1.0)):
+            if unsupported:
+                raise SecureAggregationError(
+                    f"secure-aggregation=ckks-threshold does not support {setting}: every "
+                    f"client holds a key share and decrypts every round (docs/secure-aggregation.md)")
 
 
 # --- keys ---------------------------------------------------------------------------------

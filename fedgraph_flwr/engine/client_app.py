@@ -27,6 +27,7 @@ from torch_geometric.data import Data
 from ..algorithms import ALGORITHMS, get_algorithm
 from ..algorithms.base import TRAIN, Phase
 from ..config import ClientConfig, ConfigError
+from ..threshold_ckks import PHASES as THRESHOLD_PHASES
 from . import client_runtime as rt
 from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN
 from .records import array_to_bytes, bytes_to_array, content_arrays, content_scalars, reply_content
@@ -110,6 +111,8 @@ def _phase_of(message: Message, config: ClientConfig) -> Phase:
     """``train`` -> the train phase; ``train.<name>`` -> the algorithm's phase of that name."""
     _, _, name = message.metadata.message_type.partition(".")
     phases = {p.name: p for p in get_algorithm(config.algorithm).trainer.phases}
+    if config.secure_aggregation == "ckks-threshold":  # the protocol's own phases
+        phases.update({p.name: p for p in THRESHOLD_PHASES})
     if (name or TRAIN) not in phases:
         raise ValueError(f"algorithm {config.algorithm} has no phase {name!r}")
     return phases[name or TRAIN]
@@ -150,8 +153,8 @@ def make_client_app(mods: list | None = None) -> ClientApp:
     app.query()(handshake)
     app.train()(train)
     # Flower routes ``train.<name>`` to the handler registered for action ``name``.
-    for name in sorted({p.name for algo in ALGORITHMS.values() for p in algo.trainer.phases}
-                       - {TRAIN}):
+    for name in sorted(({p.name for algo in ALGORITHMS.values() for p in algo.trainer.phases}
+                        | {p.name for p in THRESHOLD_PHASES}) - {TRAIN}):
         app.train(name)(train)
     return app
 

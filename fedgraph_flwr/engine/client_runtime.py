@@ -220,6 +220,10 @@ def check_client_keys(config: ClientSettings, identity: ClientIdentity | None = 
     without which the noise is seeded by the run's seed, which the server knows."""
     if config.secure_aggregation == "ckks":
         secure.load_secret_context(config)
+    if config.secure_aggregation == "ckks-threshold":
+        from ..threshold_ckks.backend import openfhe
+
+        openfhe()  # one line if this machine has no OpenFHE
     if config.dp != "off" and identity is not None and identity.source == "file" \
             and not noise_key_words():
         raise ConfigError(
@@ -556,6 +560,27 @@ def handle_phase(config: ClientConfig, phase: Phase, arrays: Arrays, data: Data,
     and after (what the phase left: the next one would start from it); returns the
     phase's output and the reply's metrics."""
     check_memory(config)
+    # --- secure-aggregation=ckks-threshold (fedgraph_flwr/threshold_ckks/client.py) ---
+    if config.secure_aggregation == "ckks-threshold":
+        from ..threshold_ckks import client as threshold
+
+        schema = upload_schema(config, data, num_classes)
+        t0 = time.perf_counter()
+        if threshold.handles(phase):
+            upload = threshold.run_phase(config, phase, arrays, partition_id, schema)
+            return RoundOutput(upload, {}, {}, b""), {
+                "time-ckks-threshold": time.perf_counter() - t0, "partition-id": partition_id}
+        if phase.name == TRAIN:
+            arrays = threshold.open_payload(config, arrays, partition_id, schema)
+            out = store.run(data, num_classes, config, phase, arrays, partition_id, device)
+            opened = time.perf_counter()
+            out.upload = threshold.seal_upload(config, out.upload, partition_id)
+            out.timings.update({"time-decrypt": opened - t0 - out.timings.get("time-train", 0.0),
+                                "time-encrypt": time.perf_counter() - opened})
+            check_memory(config)
+            return out, {**out.metrics, **out.timings, "partition-id": partition_id,
+                         "mem-peak-rss-mib": peak_rss_mib()}
+    # --- end ckks-threshold ---
     secret = None
     if config.secure_aggregation == "ckks" and phase.name == TRAIN:
         t0 = time.perf_counter()

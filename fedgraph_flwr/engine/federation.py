@@ -66,11 +66,23 @@ class Federation:
             self.initial)
         self.payloads: dict[int, Arrays] = {}
         self.mixer = self._ciphertext_mixer()
+        # --- secure-aggregation=ckks-threshold (fedgraph_flwr/threshold_ckks/server.py) ---
+        self.threshold = None
+        if self.config.secure_aggregation == "ckks-threshold":
+            from ..threshold_ckks.server import ThresholdAggregator
+
+            check_method(self.config)
+            self.threshold = ThresholdAggregator(self.aggregator, self.client_ids, self.initial,
+                                                 self.payloads)
+            self.aggregator = self.threshold  # type: ignore[assignment]
+            self.phases = self.threshold.phases + self.phases
+        # --- end ckks-threshold ---
         self.validator = ReplyValidator(
             self.initial, self.algo.trainer.signature_shapes(
                 self.num_features, self.num_classes, self.config.client_config()),
             self.roster.facts, self.config.max_array_bytes, log,
-            self.mixer.check if self.mixer else None,
+            self.mixer.check if self.mixer else
+            self.threshold.check_upload if self.threshold else None,
             withheld=privacy_counts.withheld(self.config.dp))
         self.robust = (None if self.config.robust == "none" else RobustAggregation(
             self.config.robust, self.config.robust_malicious, self.config.robust_trim_beta, log))
@@ -176,6 +188,8 @@ class Federation:
                    failures: dict[int, str]) -> AggregateResult | None:
         """A non-train phase's server step over its valid replies."""
         updates = self.validator.valid_updates(phase, server_round, replies, failures)
+        if self.threshold is not None:  # ckks-threshold: its own phases' deeper checks
+            updates = self.threshold.check_phase(phase, updates, failures)
         return self.aggregator.step(phase, server_round, updates)
 
     def complete_round(
