@@ -79,6 +79,7 @@ CLEAN = "clean"
 TOLERANCE = {1: 2.0, 3: 5.0}
 DOC_BEGIN = "<!-- hostile-clients tables: begin -->"
 DOC_END = "<!-- hostile-clients tables: end -->"
+DEFAULT_ROUNDS = 50
 DEFAULT_OUT = ROOT / "docs" / "results" / "robustness" / "hostile-clients.jsonl"
 DEFAULT_DOC = ROOT / "docs" / "results" / "robustness.md"
 
@@ -186,14 +187,14 @@ def run_cell(cell: Cell, data_root: str, log: Any = None) -> dict[str, Any]:
         transport = HostileTransport(attack, cell.hostile)
         driver = RoundDriver(config, transport, log=log, write=False)
         ended = None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             driver.run()
         except Exception as exc:  # noqa: BLE001 - an attack that ends a run is a result
             if driver.federation is None:
                 raise  # before the first round: the harness's or the data's, not an attack's
             ended = f"round {len(driver.federation.rounds) + 1}: {one_line(exc)}"
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     fed = driver.federation
     assert fed is not None
     rounds = fed.rounds
@@ -201,6 +202,7 @@ def run_cell(cell: Cell, data_root: str, log: Any = None) -> dict[str, Any]:
     line: dict[str, Any] = {
         **dataclasses.asdict(cell), "settings": dict(cell.settings),
         "rounds_done": len(rounds), "ended": ended, "seconds": round(seconds, 3),
+        "cpu_seconds": round(cpu, 3),
         "round_s": median([r.times.get("round", math.nan) for r in rounds]),
         "aggregate_s": median([r.times.get("aggregate", math.nan) for r in rounds]),
         "num_train": {str(c): int(f["num-train"]) for c, f in facts.items()},
@@ -506,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", nargs="+", type=int, default=[1, 3],
                         help="counts of hostile clients (of 10)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds per run (default {DEFAULT_ROUNDS}); with --table: the runs "
+                             "of this many rounds, where the results file holds several")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="run-config overrides for every run (part of each run's identity)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the results file (JSON lines)")
@@ -518,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.table:
         lines = list(load_results(args.out).values())
+        counts = sorted({line["rounds"] for line in lines})
+        if args.rounds is not None:
+            lines = [line for line in lines if line["rounds"] == args.rounds]
+        elif len(counts) > 1:
+            parser.error(f"{args.out} holds runs of {counts} rounds: pick one with --rounds")
         write_doc(args.doc, table(lines))
         print(f"wrote {args.doc} from {len(lines)} runs of {args.out}")
         return 0
@@ -529,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [parse_setting(s) for s in args.set]
     except ValueError as exc:
         parser.error(str(exc))
+    args.rounds = DEFAULT_ROUNDS if args.rounds is None else args.rounds
     if args.rounds < 1 or any(not 0 < h < 10 for h in args.hostile):
         parser.error("--rounds must be >= 1 and each --hostile in 1..9")
     import torch
@@ -555,10 +565,12 @@ def main(argv: list[str] | None = None) -> int:
         append_result(args.out, line)
         acc = (line["honest"]["test_at_best_val"] if cell.attack != CLEAN
                else line["all_clients"]["test_at_best_val"])
+        who = "all" if cell.attack == CLEAN else "honest"
         print(f"[{i}/{len(todo)}] {cell.method} robust={cell.robust} {cell.attack} "
-              f"hostile={cell.hostile} seed={cell.seed}: honest {acc:.2f} "
-              f"{'ENDED ' + line['ended'] if line['ended'] else ''}"
-              f"({line['seconds']:.1f} s, {line['round_s']} s/round)", flush=True)
+              f"hostile={cell.hostile} seed={cell.seed}: {who} {acc:.2f}"
+              + (f" ENDED {line['ended']}" if line["ended"] else "")
+              + f" ({line['seconds']:.1f} s, CPU {line['cpu_seconds']:.1f} s, "
+              f"{line['round_s']} s/round)", flush=True)
     return 0
 
 
