@@ -353,22 +353,25 @@ class Tables:
                     met.update({(o, f): False for f in FIGURES})
                     continue
                 ended = any(line["ended"] for line in cell_lines)
+                lost = any(line.get("honest_failures") for line in cell_lines)
                 parts = []
                 for f, label in FIGURES.items():
                     text, diff = self.figure(cell_lines, count, f)
                     parts.append(text if f == "test_at_best_val" else f"{label} {text}")
-                    if ended or diff is None or (tol is not None and diff < -tol):
+                    if ended or lost or diff is None or (tol is not None and diff < -tol):
                         met[(o, f)] = False
                 if attack != CLEAN:
                     ran[o] += 1
-                row.append("; ".join(parts) + (" †" if ended else ""))
+                row.append("; ".join(parts) + (" †" if ended else "") + (" ‡" if lost else ""))
             out.append("| " + " | ".join(row) + " |")
         if tol is not None:
+            total = len(self.attacks)
             for f, label in FIGURES.items():
-                out.append(f"| **{label}: within {tol:g}, none ended** | " + " | ".join(
-                    ("yes" if met[(o, f)] else "no")
-                    + ("" if ran[o] == len(self.attacks) else f" ({ran[o]}/{len(self.attacks)} run)")
-                    for o in self.options) + " |")
+                verdicts = [("yes" if met[(o, f)] else "no")
+                            + ("" if ran[o] == total else f" ({ran[o]}/{total} run)")
+                            for o in self.options]
+                out.append(f"| **{label}: within {tol:g}, none ended, no honest reply lost** | "
+                           + " | ".join(verdicts) + " |")
         return out + [""]
 
 
@@ -394,8 +397,10 @@ def table(lines: Sequence[dict[str, Any]]) -> str:
            "(held models at the round of best honest mean validation accuracy), then `last`: "
            "their held models' mean test accuracy after the last round; in brackets the "
            "difference to the clean run with `robust=none` (same method, seed and honest "
-           "clients); mean ± std over seeds; † a run ended early (table below). Goal rows: "
-           "every attack's mean difference within the tolerance and no run ended.", ""]
+           "clients); mean ± std over seeds; † a run ended early, ‡ honest clients' replies "
+           "were rejected (their held models then keep their last figures; table below). Goal "
+           "rows: every attack's mean difference within the tolerance, no run ended and no "
+           "honest client's reply rejected.", ""]
     for method in t.methods:
         for count in t.counts:
             out += t.accuracy(method, count)

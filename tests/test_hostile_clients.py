@@ -193,4 +193,4 @@ def test_a_tiny_grid_resumes_and_writes_its_tables(data_root, tmp_path, one_torc
     assert hc.DOC_BEGIN in text and hc.DOC_END in text
     assert "**fedavg, 1 hostile of 10**" in text and "| scale-10 |" in text
     assert "2× rejected: array '…' holds NaN or Inf" in text
-    assert "| **best-val: within 2, none ended** |" in text
+    assert "| **best-val: within 2, none ended, no honest reply lost** |" in text
