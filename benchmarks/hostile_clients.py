@@ -163,6 +163,18 @@ def honest_figures(rounds: list[Any], honest: list[int], metric: str, num_classe
             "last_test": 100 * last}
 
 
+def test_by_round(rounds: list[Any], clients: list[int]) -> list[float | None]:
+    """Per round, the mean test accuracy (%) of ``clients``' held models (None before each
+    has reported): the run's trajectory."""
+    from fedgraph_flwr.engine import protocols
+
+    kept = [dataclasses.replace(r, clients={c: m for c, m in r.clients.items() if c in clients})
+            for r in rounds]
+    means = protocols.held_means(kept, clients)
+    return [None if math.isnan(means[r.round][1]) else round(100 * means[r.round][1], 2)
+            for r in kept]
+
+
 def normalise_reason(reason: str) -> str:
     """A failure's reason with names and numbers masked, so that the same check on other
     arrays or sizes counts as one reason."""
@@ -210,6 +222,7 @@ def run_cell(cell: Cell, data_root: str, log: Any = None) -> dict[str, Any]:
     metric, classes = config.metric, fed.num_classes
     if attack is None:
         line["all_clients"] = honest_figures(rounds, list(facts), metric, classes)
+        line["test_by_round"] = test_by_round(rounds, list(facts))  # all clients
         line["honest"] = {str(h): honest_figures(rounds, honest_of(facts, h), metric, classes)
                           for h in range(1, len(facts) // 2 + 1)}
     else:
@@ -217,6 +230,7 @@ def run_cell(cell: Cell, data_root: str, log: Any = None) -> dict[str, Any]:
         honest = [c for c in facts if c not in hostile]
         line.update(hostile_ids=hostile, victim=transport.victim, mutated=transport.mutated)
         line["honest"] = honest_figures(rounds, honest, metric, classes)
+        line["test_by_round"] = test_by_round(rounds, honest)  # the honest clients
         line["attacker_accepted"] = sum(c in r.clients for r in rounds for c in hostile)
         line["attacker_failures"] = reasons(rounds, hostile)
         line["honest_failures"] = reasons(rounds, honest)

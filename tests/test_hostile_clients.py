@@ -186,6 +186,7 @@ def test_a_tiny_grid_resumes_and_writes_its_tables(data_root, tmp_path, one_torc
     assert by["nan-array"]["attacker_accepted"] == 0
     assert by["nan-array"]["attacker_failures"] == {"rejected: array '…' holds NaN or Inf": 2}
     assert set(by["clean"]["honest"]) == {"1", "2", "3", "4", "5"}
+    assert len(by["clean"]["test_by_round"]) == 2 and len(by["scale-10"]["test_by_round"]) == 2
     assert hc.main(argv) == 0  # resumed: every run already there
     assert len(out.read_text().splitlines()) == 3
     assert hc.main(["--table", "--out", str(out), "--doc", str(doc)]) == 0
