@@ -93,8 +93,10 @@ def test_oversized_and_malformed_replies_and_what_the_validator_says():
     from fedgraph_flwr.engine.replies import ReplyValidator
 
     honest = reply(1)
-    validator = ReplyValidator(arrays(0), max_array_bytes=512 * 1024 * 1024, log=lambda m: None)
-    assert validator.check(honest) is None
+    validator = ReplyValidator(arrays(0), {"apv": honest.signature["apv"].shape},
+                               {1: {"num-train": 40}}, max_array_bytes=512 * 1024 * 1024,
+                               log=lambda m: None)
+    assert validator.check(1, honest) is None
     big = ha.ATTACKS["oversized-array"].mutate(honest, context()).upload["conv.weight"]
     assert big.nbytes >= ha.OVERSIZED_BYTES and big.shape[1:] == (4,)
     sig = ha.ATTACKS["oversized-signature"].mutate(honest, context())
@@ -102,7 +104,7 @@ def test_oversized_and_malformed_replies_and_what_the_validator_says():
     assert sig.bytes_received > ha.OVERSIZED_BYTES
     assert set(ha.ATTACKS["oversized-signature"].mutate(reply(1, signature=False), context())
                .signature) == {"oversized"}
-    said = {name: validator.check(ha.ATTACKS[name].mutate(honest, context(1)))
+    said = {name: validator.check(1, ha.ATTACKS[name].mutate(honest, context(1)))
             for name in ("nan-array", "oversized-array", "malformed")}
     assert "NaN or Inf" in said["nan-array"]
     assert "has shape" in said["oversized-array"]
@@ -111,7 +113,9 @@ def test_oversized_and_malformed_replies_and_what_the_validator_says():
     assert "apv.renamed" in malformed[1] and "apv" not in malformed[1]
     assert {a.dtype for a in malformed[2].values()} == {np.dtype(np.int32)}
     assert malformed[3]["apv"].shape == (4,)
-    assert "has shape" in validator.check(ha.reply_with(honest, upload=malformed[3]))
+    assert "has shape" in validator.check(1, ha.reply_with(honest, upload=malformed[3]))
+    assert "has dtype int32" in validator.check(1, ha.reply_with(honest, upload=malformed[2]))
+    assert "signature 'apv' has shape (4194304,), expected (5,)" in validator.check(1, sig)
 
 
 def test_hostile_ids_and_victim_are_the_largest_training_sets():
