@@ -208,9 +208,10 @@ def event_rows(results: dict[str, Any]) -> list[list[str]]:
     for r in results.get("rounds", []):
         events = {c: [f"failed: {why}" if not why.startswith("rejected") else why]
                   for c, why in r.get("failures", {}).items()}
+        rule = results.get("config", {}).get("robust", "none")
         for c, note in r.get("robust", {}).items():
-            events.setdefault(c, []).append(f"robust={results.get('config', {}).get('robust')}: "
-                                            f"{note}")
+            events.setdefault(c, []).append(
+                f"{'server' if rule == 'none' else f'robust={rule}'}: {note}")
         rows += [[str(r["round"]), c, "; ".join(lines)]
                  for c, lines in sorted(events.items(), key=lambda kv: int(kv[0]))]
     if len(rows) > MAX_EVENT_ROWS:

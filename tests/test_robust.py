@@ -185,3 +185,27 @@ def test_krum_screens_an_algorithm_without_a_plan(tmp_path):
     model = [k for k in honest if not k.startswith("control.")]
     assert _error({k: fed.payloads[0][k] for k in model}, {k: honest[k] for k in model}) < 1.0
     assert _error({k: plain.payloads[0][k] for k in model}, {k: honest[k] for k in model}) > 5.0
+
+
+def test_an_overflowing_model_weighs_nothing_and_no_client_is_sent_nan(tmp_path):
+    """FED-PUB's server embeds each uploaded model: one scaled to 1e30 overflows to Inf and,
+    unguarded, made every row of the plan NaN (found by benchmarks/hostile_clients.py).
+    Without robust every client keeps last round's model; with it the attacker's column
+    weighs 0 and the honest clients mix as usual."""
+    for rule, expect_new in (("none", False), ("median", True)):
+        fed = _federation(tmp_path / rule, algorithm="fedpub", num_clients=5, robust=rule)
+        rng = np.random.default_rng(3)
+        replies = {}
+        for c in range(5):
+            scale = 1e30 if c == 4 else 1.0
+            upload = {k: (v + 0.01 * rng.normal(size=v.shape)).astype(v.dtype) * scale
+                      for k, v in fed.initial.items()}
+            replies[c] = ClientReply(upload, {}, contract_metrics(**{"num-train": 10.0}))
+        record = fed.complete_round(1, fed.client_ids, replies, {}, {})
+        assert not record.failures
+        for c in range(4):
+            assert (c in fed.payloads) == expect_new
+            if expect_new:
+                assert all(np.isfinite(v).all() for v in fed.payloads[c].values())
+            else:
+                assert record.robust[c] == "its new model was not finite: it keeps last round's"

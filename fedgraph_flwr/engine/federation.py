@@ -28,7 +28,7 @@ from .ledger import ClientStateLedger
 from .privacy_budget import PrivacyBudget
 from .recorder import RoundLog
 from .replies import ReplyValidator
-from .robust import RobustAggregation
+from .robust import RobustAggregation, finite_rows, non_finite_payloads
 from .roster import Roster
 from .run_recorder import RunRecorder
 from .transport import ClientReply, ClientRequest
@@ -257,6 +257,13 @@ class Federation:
         else:
             result = self.aggregator.aggregate(server_round, updates)
         record.times["aggregate"] = time.perf_counter() - t0
+        for cid in non_finite_payloads(result.payloads):
+            # Finite uploads can still mix into an overflow (a model scaled ×10 a round):
+            # that client keeps last round's model rather than train on NaN.
+            del result.payloads[cid]
+            record.robust[cid] = _join(record.robust.get(cid),
+                                       "its new model was not finite: it keeps last round's")
+            self.log(f"round {server_round}: client {cid}: {record.robust[cid]}")
         self.payloads.update(result.payloads)
         self._record_result(record, result, sorted(updates), server_round)
 
@@ -272,7 +279,7 @@ class Federation:
         for cid, note in record.robust.items():
             self.log(f"round {server_round}: client {cid}: {note}")
         if self.algo.aggregator.has_mixing_plan():
-            plan = self.aggregator.clear_mixing_plan(server_round, screened.updates)
+            plan = finite_rows(self.aggregator.clear_mixing_plan(server_round, screened.updates))
             result = AggregateResult(self.robust.combine(plan, screened), plan.diagnostics,
                                      plan.metrics)
         else:
@@ -346,3 +353,7 @@ class Federation:
                      "results will differ from an uninterrupted run; use client-state=file "
                      "(state files under client-state-dir survive the restart) to resume exactly")
         return done + 1
+
+
+def _join(first: str | None, second: str) -> str:
+    return second if first is None else f"{first}; {second}"

@@ -232,6 +232,35 @@ def bulyan_average(ranked: np.ndarray, ranked_w: np.ndarray, malicious: int) -> 
     return (kept * near).sum(axis=0) / kept.sum(axis=0)
 
 
+def finite_rows(plan: MixingPlan) -> MixingPlan:
+    """``plan`` with every weight that is not a finite non-negative number set to 0 and the
+    rows renormalised (an all-zero row: uniform). A hostile model can overflow what the
+    server computes from it (FED-PUB's functional embedding): its column then weighs 0
+    instead of turning every row into NaN."""
+    matrices = np.nan_to_num(np.asarray(plan.matrices, dtype=np.float64), nan=0.0, posinf=0.0,
+                             neginf=0.0).clip(min=0.0)
+    if np.array_equal(matrices, plan.matrices):
+        return plan
+    totals = matrices.sum(axis=-1, keepdims=True)
+    matrices = np.where(totals > 0, matrices / np.where(totals > 0, totals, 1.0),
+                        1.0 / matrices.shape[-1])
+    return replace(plan, matrices=matrices)
+
+
+def non_finite_payloads(payloads: dict[int, Arrays]) -> list[int]:
+    """The clients whose payload holds a NaN or Inf in a float array (each distinct payload
+    object checked once: FedAvg hands every client the same one)."""
+    verdict: dict[int, bool] = {}
+    out = []
+    for cid, arrays in payloads.items():
+        if id(arrays) not in verdict:
+            verdict[id(arrays)] = any(a.dtype.kind in "fc" and not np.isfinite(a).all()
+                                      for a in arrays.values() if isinstance(a, np.ndarray))
+        if verdict[id(arrays)]:
+            out.append(cid)
+    return out
+
+
 def weighted_median(ranked: np.ndarray, ranked_w: np.ndarray) -> np.ndarray:
     """Per column of ``ranked`` [n, P] (sorted ascending, weights ``ranked_w`` [n, P]
     summing to 1): the value where the cumulative weight reaches 1/2, the mean of the two
