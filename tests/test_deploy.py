@@ -657,3 +657,151 @@ def test_clientapp_forked_before_its_message_is_stored_still_answers(deployment)
         dep.stop(name)
         dep.commands[name] = (cmd, env)
         dep.restart_until_online(name)
+
+
+# --- a hostile data owner (issue #76) ----------------------------------------------------
+HOSTILE = 2  # the owner whose ClientApp executor is tests/hostile_clientapp_executor.py
+HOSTILE_ROUNDS = 5  # 3 rounds with its update x100, then 2 with num-train NaN
+#: FedAvg on the deployment's Cora files; the honest run and the hostile one differ only
+#: in owner 2's executor. Client 2 has the largest training set (51 of 140 nodes): the
+#: most weight an attacker of the three can have.
+HOSTILE_CONFIG = {"algorithm": "fedavg", "rounds": HOSTILE_ROUNDS, "hidden": 16,
+                  "local-epochs": 5, "robust": "median", "round-timeout": 120.0}
+NAN_NUM_TRAIN = "rejected: num-train is nan, not a count"
+
+
+def _report_events(html: str) -> list[tuple[str, str, str]]:
+    """(round, client, what happened) of report.html's "Failed, rejected and screened
+    replies" table, unescaped."""
+    import html as html_module
+
+    section = html.split("<h2>Failed, rejected and screened replies</h2>", 1)
+    assert len(section) == 2, "report.html has no events table"
+    body = section[1].split("</tbody>", 1)[0].split("<tbody>", 1)[1]
+    rows = [[html_module.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body)]
+    return [(c[0], c[1], c[2]) for c in rows]
+
+
+def _honest_run(dep) -> dict:
+    """The same run with every owner honest (once per deployment): the reference."""
+    if getattr(dep, "honest_run", None) is None:
+        out, results = flwr_run(dep, "deploy-hostile-reference", HOSTILE_CONFIG)
+        assert out.returncode == 0 and results is not None, _context(dep, out)
+        for r in results["rounds"]:  # an honest cohort: nobody named, nobody rejected
+            assert not r["failures"] and not r.get("robust"), (r["failures"], r.get("robust"))
+        dep.honest_run = results
+    return dep.honest_run
+
+
+def _run_with_hostile_owner(dep, run_name: str, config: dict):
+    """``flwr_run`` with owner HOSTILE's executor swapped for the hostile one; its own after."""
+    executor = L.clientapp_executor_name(HOSTILE)
+    cmd, env = dep.commands[executor]
+    dep.stop(executor)
+    dep.start(executor, [sys.executable, str(ROOT / "tests" / "hostile_clientapp_executor.py"),
+                         *cmd[1:]], env)
+    try:
+        return flwr_run(dep, run_name, config)
+    finally:
+        dep.stop(executor)
+        dep.start(executor, cmd, env)
+
+
+def _honest_figures(results: dict, honest: list[str]) -> tuple[list[float], float]:
+    """The honest clients' mean train loss per round, and their last round's test accuracy."""
+    losses = [sum(r["clients"][c]["train_loss"] for c in honest) / len(honest)
+              for r in results["rounds"]]
+    last = results["rounds"][-1]["clients"]
+    accuracy = sum(last[c]["test_correct"] for c in honest) / sum(last[c]["test_count"] for c in honest)
+    return losses, accuracy
+
+
+@through_the_guard
+def test_hostile_supernode_is_named_every_round_and_outvoted(deployment):
+    """Data owner 2's ClientApp executor tampers with its train replies
+    (tests/hostile_clientapp_executor.py): its update x100 in rounds 1-3, num-train NaN
+    in rounds 4-5. Under robust=median the run completes all 5 rounds; the hostile client
+    is named in every round, in results.json and in report.html's events table (rounds
+    1-3: its update norm against the cohort median; rounds 4-5: its reply rejected); the
+    honest clients are never rejected nor named, and their figures stay those of the same
+    run with owner 2 honest (run first, on the same SuperNodes)."""
+    from hostile_clientapp_executor import SCALED_ROUNDS
+
+    dep = deployment
+    reference = _honest_run(dep)
+    out, results = _run_with_hostile_owner(dep, "deploy-hostile", HOSTILE_CONFIG)
+    assert out.returncode == 0 and results is not None, _context(dep, out)
+    assert sorted(results["clients"]) == ["0", "1", "2"]
+    rounds = results["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, HOSTILE_ROUNDS + 1))
+    hostile, honest = str(HOSTILE), sorted({"0", "1", "2"} - {str(HOSTILE)})
+    ratios = []
+    for r in rounds:
+        robust = r.get("robust", {})
+        # The honest clients: never rejected, never named, always aggregated, finite.
+        assert not set(honest) & (set(r["failures"]) | set(robust)), (r["failures"], robust)
+        assert set(honest) <= set(r["clients"])
+        assert all(math.isfinite(r["clients"][c]["train_loss"]) for c in honest)
+        if r["round"] <= SCALED_ROUNDS:
+            note = robust.get(hostile, "")
+            ratio = re.fullmatch(r"update norm ([0-9.e+]+)× the cohort median", note)
+            assert ratio and float(ratio.group(1)) >= 3.0, (r["round"], robust, r["failures"])
+            ratios.append(float(ratio.group(1)))
+        else:
+            assert r["failures"].get(hostile) == NAN_NUM_TRAIN, r["failures"]
+            assert hostile not in r["clients"]
+    events = _report_events((dep.tmp / "outputs" / "deploy-hostile" / "report.html").read_text())
+    for r in rounds:
+        named = [what for rnd, cid, what in events if rnd == str(r["round"]) and cid == hostile]
+        expected = (f"robust=median: {r['robust'][hostile]}" if r["round"] <= SCALED_ROUNDS
+                    else NAN_NUM_TRAIN)
+        assert named == [expected], (r["round"], events)
+    assert {cid for _, cid, _ in events} == {hostile}, events
+    assert f"client {HOSTILE} reply rejected" in out.stdout + out.stderr  # said while it ran
+    # Not the attacker's model: the honest clients train from about the honest run's model
+    # every round. (Without robust their loss is 3-50 from round 2 on and their accuracy
+    # about 1 %: test_hostile_supernode_without_robust_takes_the_model_over.)
+    losses, accuracy = _honest_figures(results, honest)
+    ref_losses, ref_accuracy = _honest_figures(reference, honest)
+    times = [r["times"]["round"] for r in rounds]
+    print(f"\nhostile owner {HOSTILE} (fedavg, robust=median, {HOSTILE_ROUNDS} rounds): update "
+          f"norm {', '.join(f'{x:.0f}' for x in ratios)}x the cohort median in rounds "
+          f"1-{SCALED_ROUNDS}, rejected after; honest clients' train loss "
+          f"{', '.join(f'{x:.2f}' for x in losses)} (honest run "
+          f"{', '.join(f'{x:.2f}' for x in ref_losses)}), last-round test accuracy "
+          f"{100 * accuracy:.1f}% (honest run {100 * ref_accuracy:.1f}%); rounds "
+          f"{', '.join(f'{t:.2f}s' for t in times)}; flwr run {out.elapsed:.1f}s")
+    assert all(abs(a - b) <= 0.5 for a, b in zip(losses, ref_losses)), (losses, ref_losses)
+    assert abs(accuracy - ref_accuracy) <= 0.05, (accuracy, ref_accuracy)
+
+
+@through_the_guard
+def test_hostile_supernode_without_robust_takes_the_model_over(deployment):
+    """The same hostile owner under robust=none: what the test above guards against.
+    Reply validation still rejects its NaN num-train (rounds 4-5), and the run completes;
+    but its x100 updates are mixed, unnamed, and the honest clients' loss and accuracy
+    leave the honest run's (the bounds the test above holds them to)."""
+    from hostile_clientapp_executor import SCALED_ROUNDS
+
+    dep = deployment
+    reference = _honest_run(dep)
+    out, results = _run_with_hostile_owner(dep, "deploy-hostile-unguarded",
+                                           {**HOSTILE_CONFIG, "robust": "none"})
+    assert out.returncode == 0 and results is not None, _context(dep, out)
+    rounds = results["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, HOSTILE_ROUNDS + 1))
+    hostile, honest = str(HOSTILE), sorted({"0", "1", "2"} - {str(HOSTILE)})
+    for r in rounds:
+        if r["round"] <= SCALED_ROUNDS:
+            assert hostile in r["clients"] and not r["failures"] and not r.get("robust"), r
+        else:
+            assert r["failures"] == {hostile: NAN_NUM_TRAIN}, r["failures"]
+    losses, accuracy = _honest_figures(results, honest)
+    ref_losses, ref_accuracy = _honest_figures(reference, honest)
+    print(f"\nhostile owner {HOSTILE} (fedavg, robust=none): honest clients' train loss "
+          f"{', '.join(f'{x:.2f}' for x in losses)} (honest run, robust=median: "
+          f"{', '.join(f'{x:.2f}' for x in ref_losses)}), last-round test accuracy "
+          f"{100 * accuracy:.1f}% (honest run {100 * ref_accuracy:.1f}%)")
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) > 0.5, (losses, ref_losses)
+    assert abs(accuracy - ref_accuracy) > 0.05, (accuracy, ref_accuracy)
