@@ -16,8 +16,11 @@ ClientApp in flight leaves no process behind within 5 s; a ServerApp killed at a
 random round and resumed ends as an uninterrupted run; a SuperNode
 whose file is missing or has another feature width stops the run at the handshake
 with a message naming the problem; a forked ClientApp that asks for its message before
-its SuperNode has stored it waits for it. Every process started here is stopped (its
-whole process group) in the fixture's ``finally``.
+its SuperNode has stored it waits for it; a data owner whose ClientApp executor tampers
+with its replies (update x100, then num-train NaN) is named in every round's record and
+report under robust=median, the run completes and the honest clients train as in an honest
+run (and without robust, the same owner takes the model over). Every process started here
+is stopped (its whole process group) in the fixture's ``finally``.
 """
 
 from __future__ import annotations
