@@ -797,7 +797,9 @@ def test_hostile_supernode_without_robust_takes_the_model_over(deployment):
     hostile, honest = str(HOSTILE), sorted({"0", "1", "2"} - {str(HOSTILE)})
     for r in rounds:
         if r["round"] <= SCALED_ROUNDS:
-            assert hostile in r["clients"] and not r["failures"] and not r.get("robust"), r
+            # Named (nothing bounds it): "update norm …× the cohort median (not bounded: …)".
+            assert hostile in r["clients"] and not r["failures"], r
+            assert list(r["robust"]) == [hostile] and "not bounded" in r["robust"][hostile], r
         else:
             assert r["failures"] == {hostile: NAN_NUM_TRAIN}, r["failures"]
     losses, accuracy = _honest_figures(results, honest)

@@ -34,7 +34,7 @@ ENGINE = f"{PACKAGE}.engine"
 SERVER = {f"{ENGINE}.{m}" for m in (
     "driver", "federation", "flower_transport", "server_app", "roster", "recorder", "ckks_mixing",
     "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport",
-    "privacy_budget")}
+    "privacy_budget", "robust")}
 #: The client's side: a ClientApp process never needs the server's code.
 CLIENT = {f"{ENGINE}.{m}" for m in ("client_app", "client_runtime")}
 #: Used by both sides, so they may import neither: the names both agree on (contract),

@@ -71,17 +71,20 @@ def test_bulyan_row_is_flowers_n_closest_average():
     np.testing.assert_allclose(ours, flower, rtol=0, atol=1e-12)
 
 
-def test_each_row_of_a_personalized_plan_is_weighted_by_its_own_weights():
-    """Client 0's row puts 0.6 on itself: its weighted median is its own value whatever
-    the others send; client 1's row is uniform: the middle value."""
+def test_a_personalized_row_keeps_its_own_weight_and_makes_the_others_robust():
+    """Client 0's row: 0.6 on itself, the rest on four others of which one sends 100: it
+    receives 0.6·(its own) + 0.4·median(others). Client 1's row is uniform: 0.2·(its own)
+    + 0.8·median(0, 2, 3, 100). The hostile client's own row gives it its own share back."""
     values = np.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
-    matrix = np.full((5, 5), 0.1)
+    matrix = np.full((5, 5), 0.2)
     matrix[0] = [0.6, 0.1, 0.1, 0.1, 0.1]
-    matrix[1:] = 0.2
     plan = MixingPlan(list(range(5)), matrix[None])
     updates = {c: ClientUpdate({"w": values[c].astype(np.float32)}, {}, 1) for c in range(5)}
     out = RobustAggregation("median", 1, 0.2).combine(plan, ScreenedRound(updates, list(range(5)), 1))
-    assert out[0]["w"][0] == 0.0 and out[1]["w"][0] == 2.0 and out[1]["w"].dtype == np.float32
+    assert out[0]["w"][0] == np.float32(0.4 * 2.5)
+    assert out[1]["w"][0] == np.float32(0.2 * 1.0 + 0.8 * 2.5)
+    assert out[4]["w"][0] == np.float32(0.2 * 100.0 + 0.8 * 1.5)
+    assert out[1]["w"].dtype == np.float32
 
 
 def _federation(tmp_path, algorithm="fedavg", num_clients=10, **extra) -> Federation:

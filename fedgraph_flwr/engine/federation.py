@@ -28,7 +28,7 @@ from .ledger import ClientStateLedger
 from .privacy_budget import PrivacyBudget
 from .recorder import RoundLog
 from .replies import ReplyValidator
-from .robust import RobustAggregation, finite_rows, non_finite_payloads
+from .robust import RobustAggregation, finite_rows, non_finite_payloads, outlier_notes
 from .roster import Roster
 from .run_recorder import RunRecorder
 from .transport import ClientReply, ClientRequest
@@ -256,6 +256,8 @@ class Federation:
             result = self._robust_aggregate(record, server_round, updates)
         else:
             result = self.aggregator.aggregate(server_round, updates)
+            record.robust = outlier_notes(updates, {c: self.payload_for(c) for c in updates},
+                                          self.initial)
         record.times["aggregate"] = time.perf_counter() - t0
         for cid in non_finite_payloads(result.payloads):
             # Finite uploads can still mix into an overflow (a model scaled ×10 a round):

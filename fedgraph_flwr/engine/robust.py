@@ -23,6 +23,11 @@ what a client claims of itself (its signature, its count):
      closest to its weighted median, over multi-krum's selection;
    - the others: the w_i-weighted mean over the clients that passed step 2.
 
+   A personalized plan (rows that differ) keeps each client's own weight on its own
+   update: client i receives w_ii·θ_i + (1 − w_ii)·R_i, where R_i is the rule applied to
+   the others' uploads with their share of the row. The rules bound what the others
+   contribute; a hostile client's own row only gives it its own model back.
+
 With uniform rows (FedAvg with equal counts) these are Flower 1.42's ``FedMedian``,
 ``FedTrimmedAvg``, ``Krum``, ``MultiKrum`` and ``Bulyan`` (tests compare them with
 Flower's own functions); weighting by the row is what carries them to personalized
@@ -66,6 +71,34 @@ class ScreenedRound:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def outlier_notes(updates: dict[int, ClientUpdate], sent: dict[int, Arrays],
+                  initial: Arrays) -> dict[int, str]:
+    """Without ``robust``: the clients whose update is ≥ :data:`OUTLIER_RATIO` × the
+    cohort's median norm, named (nothing is changed: the record shows an attack that
+    robust aggregation would have bounded)."""
+    ids = sorted(updates)
+    if len(ids) < 3:
+        return {}
+    ratios = _norm_ratios(updates, sent, initial, ids)[0]
+    return {c: f"update norm {r:.3g}× the cohort median (not bounded: robust=none)"
+            for c, r in zip(ids, ratios) if r >= OUTLIER_RATIO}
+
+
+def _norm_ratios(updates: dict[int, ClientUpdate], sent: dict[int, Arrays], initial: Arrays,
+                 ids: list[int]) -> tuple[np.ndarray, np.ndarray, float, list[str],
+                                          dict[int, Arrays], np.ndarray]:
+    """Each update's norm over the cohort's median: (ratios, norms, median, the float
+    names, each client's origins, the flattened updates [n, P])."""
+    names = _float_names(updates[ids[0]].arrays)
+    origins = {c: {n: _origin(n, updates[c].arrays[n], sent.get(c, {}), initial)
+                   for n in names} for c in ids}
+    deltas = np.stack([_flat({n: updates[c].arrays[n] - origins[c][n] for n in names})
+                       for c in ids]) if names else np.zeros((len(ids), 0))
+    norms = np.linalg.norm(deltas, axis=1)
+    median_norm = float(np.median(norms))
+    return norms / max(median_norm, 1e-300), norms, median_norm, names, origins, deltas
+
+
 class RobustAggregation:
     """One run's robust rule: :meth:`screen` the updates, then :meth:`combine` a plan's rows."""
 
@@ -90,14 +123,8 @@ class RobustAggregation:
         ids = sorted(updates)
         notes: dict[int, str] = {}
         updates = self._cap_counts(updates, notes)
-        names = _float_names(updates[ids[0]].arrays)
-        origins = {c: {n: _origin(n, updates[c].arrays[n], sent.get(c, {}), initial)
-                       for n in names} for c in ids}
-        deltas = np.stack([_flat({n: updates[c].arrays[n] - origins[c][n] for n in names})
-                           for c in ids]) if names else np.zeros((len(ids), 0))
-        norms = np.linalg.norm(deltas, axis=1)
-        median_norm = float(np.median(norms))
-        ratios = norms / max(median_norm, 1e-300)
+        ratios, norms, median_norm, names, origins, deltas = _norm_ratios(
+            updates, sent, initial, ids)
         for c, ratio in zip(ids, ratios):
             if ratio >= OUTLIER_RATIO:
                 notes[c] = _join(notes.get(c), f"update norm {ratio:.3g}× the cohort median")
@@ -168,13 +195,13 @@ class RobustAggregation:
         payloads: dict[int, Arrays] = {c: {} for c in ids}
         for name in _float_names(uploads[0]):
             stacked = np.stack([a[name] for a in uploads]).astype(np.float64)
-            flat = stacked.reshape(len(ids), -1)[columns]
+            flat = stacked.reshape(len(ids), -1)
             group = plan.group_of(name)
             if np.ndim(group) == 0:
                 combined = self._rows(plan.matrices[int(group)], columns, flat, f)
             else:
                 mask = np.asarray(group).reshape(-1)
-                combined = np.empty((len(ids), flat.shape[1]))
+                combined = np.empty_like(flat)
                 for g in np.unique(mask):
                     part = mask == g
                     combined[:, part] = self._rows(plan.matrices[int(g)], columns, flat[:, part], f)
@@ -187,40 +214,61 @@ class RobustAggregation:
 
     def _rows(self, matrix: np.ndarray, columns: np.ndarray, values: np.ndarray, f: int
               ) -> np.ndarray:
-        """Every row of ``matrix`` [K, K] applied robustly to ``values`` [n, P] (the
-        selected columns' flattened uploads) -> [K, P]. Equal rows are computed once."""
-        weights = matrix[:, columns]
-        totals = weights.sum(axis=1, keepdims=True)
-        # A row with no weight on the selected clients (krum left out all it mixes) takes
-        # them uniformly.
-        weights = np.where(totals > 0, weights / np.where(totals > 0, totals, 1.0),
-                           1.0 / max(int(columns.sum()), 1))
-        distinct, inverse = np.unique(weights, axis=0, return_inverse=True)
-        order = np.argsort(values, axis=0, kind="stable") if self.rule in ROBUST_ROW_RULES else None
-        out = np.stack([self._row(w, values, order, f) for w in distinct])
-        return out[np.asarray(inverse).reshape(-1)]
+        """Every row of ``matrix`` [K, K] applied robustly to ``values`` [K, P] (every
+        client's flattened upload; ``columns``: those that passed screening) -> [K, P].
 
-    def _row(self, w: np.ndarray, values: np.ndarray, order: np.ndarray | None, f: int
-             ) -> np.ndarray:
-        """One row's robust combination of ``values`` [n, P] with weights ``w`` [n]."""
-        if order is None:  # norm-bound, krum, multi-krum: the row's weighted mean
+        Equal rows (one global model) are Flower's rules over the screened clients. A
+        personalized plan's row i keeps its own weight on its own update, and only the
+        others' share is made robust: w_ii·θ_i + (1 − w_ii)·R_i(θ_j, j ≠ i); a hostile
+        client's own row gives only itself its own model back."""
+        ranked = order = None
+        if self.rule in ROBUST_ROW_RULES:
+            order = np.argsort(values, axis=0, kind="stable")
+            ranked = np.take_along_axis(values, order, axis=0)
+        if (matrix == matrix[0]).all():
+            return np.broadcast_to(self._row(_normalised(matrix[0] * columns, columns),
+                                             values, ranked, order, f), values.shape).copy()
+        out = np.empty_like(values)
+        for i, row in enumerate(matrix):
+            others = row * columns
+            own, others[i] = row[i], 0.0
+            if others.sum() <= 0 or own >= 1.0:
+                out[i] = values[i]
+                continue
+            robust = self._row(others / others.sum(), values, ranked, order, f)
+            out[i] = own * values[i] + (1.0 - own) * robust
+        return out
+
+    def _row(self, w: np.ndarray, values: np.ndarray, ranked: np.ndarray | None,
+             order: np.ndarray | None, f: int) -> np.ndarray:
+        """One row's robust combination of ``values`` [K, P] with weights ``w`` [K]
+        (summing to 1; a client weighted 0 takes no part); ``ranked``: ``values`` sorted
+        per column by ``order`` (the row rules)."""
+        if ranked is None or order is None:  # norm-bound, krum, multi-krum: the weighted mean
             return w @ values
-        ranked = np.take_along_axis(values, order, axis=0)
         ranked_w = w[order]
+        n = int(np.count_nonzero(w))
         if self.rule == "median":
             return weighted_median(ranked, ranked_w)
         if self.rule == "trimmed-mean":
             # Flower cuts ⌊βn⌋ of n clients from each end; a row cuts that share of its weight.
-            n = int(np.count_nonzero(w))
             return weighted_trimmed_mean(ranked, ranked_w, int(self.trim_beta * n) / n)
-        return bulyan_average(ranked, ranked_w, f)
+        return bulyan_average(ranked, ranked_w, f, n)
 
 
-def bulyan_average(ranked: np.ndarray, ranked_w: np.ndarray, malicious: int) -> np.ndarray:
-    """Bulyan's second step per column of ``ranked`` [θ, P] (sorted, weights summing to
-    1): the weighted mean of the (θ − 2f)/θ of the weight closest to the weighted median
-    (for equal weights: the θ − 2f values nearest the median, as Flower's ``Bulyan``)."""
-    theta = ranked.shape[0]
+def _normalised(weights: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``weights`` summing to 1; none left (krum left out all a row mixes): the screened
+    clients uniformly."""
+    total = weights.sum()
+    return weights / total if total > 0 else columns / max(int(columns.sum()), 1)
+
+
+def bulyan_average(ranked: np.ndarray, ranked_w: np.ndarray, malicious: int, theta: int
+                   ) -> np.ndarray:
+    """Bulyan's second step per column of ``ranked`` [n, P] (sorted, weights summing to 1,
+    ``theta`` of them non-zero): the weighted mean of the (θ − 2f)/θ of the weight closest
+    to the weighted median (for equal weights: the θ − 2f values nearest the median, as
+    Flower's ``Bulyan``)."""
     keep = max(theta - 2 * malicious, 1) / theta
     median = weighted_median(ranked, ranked_w)
     by_distance = np.argsort(np.abs(ranked - median), axis=0, kind="stable")
