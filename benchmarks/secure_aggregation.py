@@ -19,8 +19,10 @@ Prints a markdown table and one JSON line per run (``{"benchmark": "secure_aggre
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+import time
 from pathlib import Path
 from statistics import mean
 
@@ -37,6 +39,29 @@ def measure(algorithm: str, mode: str, rounds: int, dataset: str, clients: int, 
                           "run-name": f"{algorithm}-{mode}", "verbose": False, **extra},
                          write=True)
     return summarize(res)
+
+
+def profile_openfhe() -> dict[str, list]:
+    """Count and time every OpenFHE operation (``{name: [calls, seconds]}``, all parties of
+    an in-process run together: they share one worker)."""
+    from fedgraph_flwr.threshold_ckks import backend
+
+    seconds: dict[str, list] = {}
+    real = backend.call
+
+    def timed(name: str, *args):
+        t0 = time.perf_counter()
+        try:
+            return real(name, *args)
+        finally:
+            entry = seconds.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
+
+    backend.call = timed
+    for module in ("client", "server"):  # they imported `call` by name
+        importlib.import_module(f"fedgraph_flwr.threshold_ckks.{module}").call = timed
+    return seconds
 
 
 def summarize(res: dict) -> dict:
@@ -82,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fewer rounds for a costly mode (e.g. ckks-threshold=3)")
     parser.add_argument("--out", type=Path, default=Path("outputs/bench-secure-aggregation"))
     parser.add_argument("--data-root", default="", help="else FEDGRAPH_DATA_ROOT")
+    parser.add_argument("--profile", action="store_true",
+                        help="ckks-threshold: also print the OpenFHE seconds per operation "
+                             "(calls to fedgraph_flwr.threshold_ckks.backend, all parties)")
     parser.add_argument("--runs", type=Path,
                         help="summarize the results.json files under this folder (e.g. "
                              "configs/paper/ckks-cora-10.yaml's grid run in a Flower "
@@ -98,11 +126,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
         rows.sort(key=lambda r: (r["algorithm"], r["mode"] != "off"))
     extra = {"data-root": args.data_root} if args.data_root else {}
+    openfhe_seconds = profile_openfhe() if args.profile else None
     mode_rounds = {m: int(r) for m, r in (item.split("=", 1) for item in args.mode_rounds)}
     for algorithm in args.algorithms if args.runs is None else []:
         for mode in args.modes:
             row = measure(algorithm, mode, mode_rounds.get(mode, args.rounds), args.dataset,
                           args.clients, args.out, extra)
+            if openfhe_seconds is not None and mode == "ckks-threshold":
+                row["openfhe_s"] = {k: [n, round(t, 2)] for k, (n, t) in
+                                    sorted(openfhe_seconds.items(), key=lambda kv: -kv[1][1])}
+                openfhe_seconds.clear()
             print(json.dumps(row), flush=True)
             rows.append(row)
     print("\n| algorithm | mode | rounds | MB sent/round | MB received/round | s/round "
