@@ -217,6 +217,34 @@ def test_a_bad_partial_decryption_costs_its_sender_the_round_only(tmp_path, synt
     assert sorted(map(int, rounds[2]["clients"])) == [0, 1, 2] and not rounds[2]["failures"]
 
 
+@pytest.mark.slow
+def test_a_threshold_run_resumes_with_the_key_shares_it_made(tmp_path, synthetic_root,
+                                                             monkeypatch):
+    """Stopped after round 2, a fedaux run resumes: no new key setup (the checkpoint holds
+    the public shares and round 2's uploads and plan, the clients' key stores their
+    shares), and round 3 opens every mixture of round 2."""
+    monkeypatch.setenv(threshold_client.STORE_ENV, str(tmp_path / "keys"))
+    cfg = sbm(tmp_path, synthetic_root, algorithm="fedaux",
+              **{"run-name": "stopped", "secure-aggregation": "ckks-threshold"})
+    run_federation(dict(cfg, rounds=2))
+    phases = []
+    real = threshold_client.run_phase
+
+    def run_phase(config, phase, *args):
+        phases.append(phase.name)
+        return real(config, phase, *args)
+
+    monkeypatch.setattr(threshold_client, "run_phase", run_phase)
+    logged: list[str] = []
+    resumed = run_federation(dict(cfg, resume=True), log=logged.append)
+    assert any("after round 2" in line for line in logged)
+    assert set(phases) == {"ckks_decrypt"}  # no key setup again
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]
+    last = resumed["rounds"][2]
+    assert not last["failures"] and sorted(map(int, last["clients"])) == [0, 1, 2]
+    assert last["aggregate"]["ckks_decrypt.ckks-threshold-closed"] == 0.0
+
+
 def test_settings_the_protocol_does_not_cover_are_refused():
     for extra in ({"dp": "client", "dp-noise-multiplier": 1.0}, {"client-state": "file"},
                   {"fraction": 0.5}):

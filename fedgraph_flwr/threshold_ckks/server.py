@@ -47,6 +47,7 @@ from .openfhe_ops import FRESH
 #: bytes a serialized partial decryption may differ from the server's own one by (OpenFHE's
 #: metadata, e.g. key tags), far below one modulus of one coefficient block
 METADATA_SLACK = 1024
+STATE = "ckks-threshold"  # the protocol's part of the aggregator's checkpoint state
 
 
 class ThresholdSetupError(ConfigError):
@@ -76,6 +77,27 @@ class ThresholdAggregator:
 
     def __getattr__(self, name: str) -> Any:  # the algorithm's, for all the rest
         return getattr(self.inner, name)
+
+    # --- checkpoint / resume -------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's state and the protocol's: every party's public share and channel
+        key, and last round's plan with its uploads or mixture (public material only)."""
+        return {**self.inner.state_dict(), STATE: {
+            "shares": dict(self.shares), "channels": dict(self.channels),
+            "sealed_size": self.sealed_size, "pending": self.pending}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (``resume``: the key setup is not run again, the
+        clients keep their shares in their key stores)."""
+        if STATE not in state:
+            raise ConfigError("resume=true but the checkpoint holds no ckks-threshold keys: "
+                              "it is not of a ckks-threshold run")
+        own = state[STATE]
+        self.inner.load_state_dict({k: v for k, v in state.items() if k != STATE})
+        self.shares = {int(c): bytes(b) for c, b in own["shares"].items()}
+        self.channels = {int(c): bytes(b) for c, b in own["channels"].items()}
+        self.sealed_size = int(own["sealed_size"])
+        self.pending = own["pending"]
 
     # --- which phases, what they send ---------------------------------------------------
     def runs_phase(self, phase: Phase, server_round: int) -> bool:
