@@ -82,8 +82,8 @@ def main() -> int:
     row["fuse_ms"], fused = per_chunk(lambda: ops.fuse(parts, ops.SLOTS * chunks), chunks)
     expected = sum(w * m for w, m in zip(weights, models))
     row["mixture_max_error"] = float(np.abs(np.frombuffer(fused) - expected).max())
-    fresh = [uploads[0][:1]] + [ops.partial_decrypt(uploads[0][:1], s, False) for s in secrets[1:]]
-    fresh[0] = ops.partial_decrypt(uploads[0][:1], secrets[0], True)
+    one = uploads[0][:1]
+    fresh = [ops.partial_decrypt(one, s, i == 0, ops.FRESH) for i, s in enumerate(secrets)]
     row["fresh_max_error"] = float(np.abs(np.frombuffer(ops.fuse(fresh, ops.SLOTS))
                                           - models[0][:ops.SLOTS]).max())
     row["bytes"] = {"fresh": len(uploads[0][0]), "mixture": len(mixture[0]),

@@ -42,8 +42,8 @@ from . import (
     part_key,
     row_key,
 )
-from .backend import call
-from .openfhe_ops import MIXED, SLOTS
+from .backend import OpenFHEError, call
+from .openfhe_ops import SLOTS
 
 STORE_ENV = "FEDGRAPH_CKKS_THRESHOLD_DIR"
 
@@ -209,11 +209,8 @@ def _partial_decryptions(store: KeyStore, arrays: Arrays, me: int, schema: Array
     mixture, sealed for the other receivers of each."""
     senders, weights, row_of = _mixing(arrays)
     chunks = [cipher_key(n, c) for n, sizes in layout(schema).items() for c in range(len(sizes))]
-    if weights.shape[0] == 1:  # one mixture for every receiver: the server's
-        mixtures = [[_blob(arrays, mixture_key(k)) for k in chunks]]
-        reason = call("check_ciphertexts", mixtures[0], MIXED)
-        if reason:
-            raise ThresholdProtocolError(f"ckks-threshold: the mixture: {reason}")
+    if weights.shape[0] == 1:  # one mixture for every receiver: the server's (checked
+        mixtures = [[_blob(arrays, mixture_key(k)) for k in chunks]]  # as it is decrypted)
     else:
         uploads = [[_blob(arrays, from_key(k, s)) for k in chunks] for s in senders]
         if me in senders:  # its own upload, byte for byte, at its place
@@ -231,7 +228,10 @@ def _partial_decryptions(store: KeyStore, arrays: Arrays, me: int, schema: Array
     reply: Arrays = {}
     for r, mixture in enumerate(mixtures):
         receivers = [s for s, row in zip(senders, row_of) if row == r]
-        parts = call("partial_decrypt", mixture, secret, lead)
+        try:
+            parts = call("partial_decrypt", mixture, secret, lead)
+        except OpenFHEError as exc:  # not a mixture (a bad request)
+            raise ThresholdProtocolError(f"ckks-threshold: mixture {r}: {exc}") from None
         about = _digest(mixture)
         if me in receivers:  # its own mixture's: kept
             store.write("own-parts", b"".join(len(b).to_bytes(8, "little") + b for b in parts))

@@ -155,6 +155,16 @@ def encrypt(public: bytes, values: bytes):
     return out
 
 
+def _shape_reason(ct, i: int, degree: int):
+    if ct.GetCryptoContext().GetRingDimension() != 2 * SLOTS:
+        return f"ciphertext {i} has ring dimension {ct.GetCryptoContext().GetRingDimension()}"
+    shape = (ct.GetLevel(), ct.GetNoiseScaleDeg(), ct.NumberCiphertextElements())
+    if shape != (0, degree, 2):
+        return (f"ciphertext {i} has (level, scale degree, elements) {shape}, "
+                f"expected {(0, degree, 2)}")
+    return None
+
+
 def check_ciphertexts(blobs, degree: int):
     """Why ``blobs`` are not ciphertexts of this context at level 0 and scale degree
     ``degree`` (:data:`FRESH` as a party encrypts them, :data:`MIXED` a mixture), or None."""
@@ -163,12 +173,9 @@ def check_ciphertexts(blobs, degree: int):
             ct = _load("ct", blob)
         except Exception as exc:  # noqa: BLE001
             return f"ciphertext {i} does not load ({type(exc).__name__})"
-        if ct.GetCryptoContext().GetRingDimension() != 2 * SLOTS:
-            return f"ciphertext {i} has ring dimension {ct.GetCryptoContext().GetRingDimension()}"
-        shape = (ct.GetLevel(), ct.GetNoiseScaleDeg(), ct.NumberCiphertextElements())
-        if shape != (0, degree, 2):
-            return (f"ciphertext {i} has (level, scale degree, elements) {shape}, "
-                    f"expected {(0, degree, 2)}")
+        reason = _shape_reason(ct, i, degree)
+        if reason:
+            return reason
     return None
 
 
@@ -221,11 +228,20 @@ def partial_size():
                                               pair.secretKey)[0]))
 
 
-def partial_decrypt(blobs, secret: bytes, lead: bool):
-    """This party's partial decryption of each ciphertext (the lead's or a main one)."""
+def partial_decrypt(blobs, secret: bytes, lead: bool, degree: int = MIXED):
+    """This party's partial decryption of each ciphertext (the lead's or a main one);
+    ValueError where one is not a ciphertext at scale degree ``degree`` (a mixture)."""
     cc = context()
     key = _load("sk", secret)
-    cts = [_load("ct", b, cache=False) for b in blobs]
+    cts = []
+    for i, blob in enumerate(blobs):
+        try:
+            cts.append(_load("ct", blob, cache=False))
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"ciphertext {i} does not load ({type(exc).__name__})") from None
+        reason = _shape_reason(cts[-1], i, degree)
+        if reason:
+            raise ValueError(reason)
     parts = (cc.MultipartyDecryptLead if lead else cc.MultipartyDecryptMain)(cts, key)
     return [_dump(p) for p in parts]
 
