@@ -85,7 +85,6 @@ def check_method(config: RunConfig) -> None:
     if mode == "ckks-threshold":  # what the threshold protocol does not cover (yet)
         for setting, unsupported in (("dp", config.dp != "off"),
                                      ("client-state=file", config.client_state == "file"),
-                                     ("resume", bool(config.resume)),
                                      ("fraction < 1", config.fraction < 1.0)):
             if unsupported:
                 raise SecureAggregationError(

@@ -7,7 +7,10 @@ build. So under 3.11 the operations of :mod:`.openfhe_ops` run in a worker proce
 interpreter that has the wheel (``scripts/install-openfhe-worker.sh`` makes one):
 env ``FEDGRAPH_OPENFHE_PYTHON``, else ``<repo>/.venv-openfhe/bin/python``. The worker
 is this party's own child process on its own machine (a client's secret share goes to
-it over a pipe, never off the machine); one per process, started on first use.
+it over a pipe, never off the machine); one per process, started on first use. It runs
+OpenFHE's OpenMP loops on env ``FEDGRAPH_OPENFHE_THREADS`` threads (default 1): with
+more threads than idle cores they spin and wait, and on this project's busy 2-core
+machine every operation took ~10× longer (encryption 125 ms a ciphertext against 13 ms).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from ..algorithms.options import ConfigError
 
 PYTHON_ENV = "FEDGRAPH_OPENFHE_PYTHON"
+THREADS_ENV = "FEDGRAPH_OPENFHE_THREADS"
 OPS_FILE = Path(__file__).with_name("openfhe_ops.py")
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-openfhe" / "bin" / "python"
 
@@ -48,7 +52,8 @@ class _Worker:
     """``python openfhe_ops.py --serve`` and a lock around its request/answer pipe."""
 
     def __init__(self, python: Path) -> None:
-        self.process = subprocess.Popen([str(python), str(OPS_FILE), "--serve"],
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get(THREADS_ENV, "1")}
+        self.process = subprocess.Popen([str(python), str(OPS_FILE), "--serve"], env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         status, value = self._answer()

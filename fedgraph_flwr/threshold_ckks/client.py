@@ -21,23 +21,28 @@ from ..algorithms.base import TRAIN, Arrays, Phase
 from ..config import ClientConfig
 from ..secure_aggregation import cipher_key, is_encrypted, parse_cipher_key
 from . import (
+    CHANNEL,
     DECRYPT,
     KEYGEN_JOIN,
     KEYGEN_LEAD,
     KEYGEN_SHARE,
     LEAD,
     PHASE_NAMES,
+    PREFIX,
     PUBLIC,
     ROW_OF,
     SENDERS,
     SHARE,
     UNOPENED,
     WEIGHTS,
+    channel,
     from_key,
+    key_key,
+    mixture_key,
     part_key,
     row_key,
 )
-from .backend import call
+from .backend import OpenFHEError, call
 from .openfhe_ops import SLOTS
 
 STORE_ENV = "FEDGRAPH_CKKS_THRESHOLD_DIR"
@@ -133,27 +138,37 @@ def run_phase(config: ClientConfig, phase: Phase, arrays: Arrays, partition_id: 
         public, secret = call("share_keygen", lead_public)
         return _keep_keys(store, public, secret, lead_public=lead_public)
     if phase == KEYGEN_JOIN:
-        return _join(store, arrays)
+        return _join(store, arrays, partition_id)
     if phase == DECRYPT:
         return _partial_decryptions(store, arrays, partition_id, schema)
     raise ThresholdProtocolError(f"ckks-threshold: no phase {phase.name!r}")
 
 
 def _keep_keys(store: KeyStore, public: bytes, secret: bytes, lead_public: bytes) -> Arrays:
+    """Keep this client's OpenFHE key share and a new channel key pair; send their
+    public halves."""
+    channel_public, channel_private = channel.new_key_pair()
     store.write("secret-share", secret)
     store.write("public-share", public)
     store.write("lead-public", lead_public)
-    return {PUBLIC: _bytes(public)}
+    store.write("channel-private", channel_private)
+    store.write("channel-public", channel_public)
+    return {PUBLIC: _bytes(public), CHANNEL: _bytes(channel_public)}
 
 
-def _join(store: KeyStore, arrays: Arrays) -> Arrays:
+def _join(store: KeyStore, arrays: Arrays, me: int) -> Arrays:
     """The joint public key from every party's public share, this client's own among them
-    unchanged and the lead's the one this client's share was made on."""
+    unchanged and the lead's the one this client's share was made on; every party's
+    channel key, this client's own at its place."""
     shares = {int(k[len(SHARE):]): _blob(arrays, k) for k in arrays if k.startswith(SHARE)}
+    channels = {int(k[len(CHANNEL):]): _blob(arrays, k) for k in arrays if k.startswith(CHANNEL)}
     own, lead = store.read("public-share"), store.read("lead-public")
-    if own not in shares.values():
-        raise ThresholdProtocolError("ckks-threshold: this client's public share is not among "
-                                     "the shares the server would join")
+    if shares.get(me) != own or channels.get(me) != store.read("channel-public"):
+        raise ThresholdProtocolError("ckks-threshold: this client's public share or channel "
+                                     "key is not among the keys the server would join")
+    if sorted(channels) != sorted(shares):
+        raise ThresholdProtocolError("ckks-threshold: the channel keys are not those of the "
+                                     "parties that hold shares")
     ordered = [shares[c] for c in sorted(shares)]
     if ordered[0] != lead:
         raise ThresholdProtocolError("ckks-threshold: the first share is not the lead key "
@@ -162,34 +177,75 @@ def _join(store: KeyStore, arrays: Arrays) -> Arrays:
         reason = call("check_public", blob)
         if reason:
             raise ThresholdProtocolError(f"ckks-threshold: a public share: {reason}")
+    for blob in channels.values():
+        reason = channel.check_public(blob)
+        if reason:
+            raise ThresholdProtocolError(f"ckks-threshold: {reason}")
     store.write("joint-public", call("join_public", ordered))
     store.write("parties", ",".join(str(c) for c in sorted(shares)).encode())
+    store.write("channel-keys", b"".join(channels[c] for c in sorted(shares)))
     return {}
 
 
+def _peers(store: KeyStore) -> dict[int, bytes]:
+    """Every party's channel public key, by client id."""
+    parties = [int(p) for p in store.read("parties").decode().split(",")]
+    keys = store.read("channel-keys")
+    size = channel.PUBLIC_SIZE
+    return {p: keys[i * size:(i + 1) * size] for i, p in enumerate(parties)}
+
+
+def _digest(chunks: list[bytes]) -> bytes:
+    """What a sealed partial decryption is bound to: the SHA-256 of its mixture's chunks."""
+    h = hashlib.sha256()
+    for blob in chunks:
+        h.update(hashlib.sha256(blob).digest())
+    return h.digest()
+
+
 def _partial_decryptions(store: KeyStore, arrays: Arrays, me: int, schema: Arrays) -> Arrays:
-    """Recompute each mixture from the uploads and weights sent (checked), keep this
-    client's lead partial decryption of its own, return its main one of every other."""
+    """This client's partial decryption of every mixture: the one the server sent (one
+    row), else each one it recomputed from the uploads (checked); kept for its own
+    mixture, sealed for the other receivers of each."""
     senders, weights, row_of = _mixing(arrays)
     chunks = [cipher_key(n, c) for n, sizes in layout(schema).items() for c in range(len(sizes))]
-    uploads = [[_blob(arrays, from_key(k, s)) for k in chunks] for s in senders]
-    if me in senders:  # its own upload, byte for byte, at its place
-        own = {k: np.frombuffer(b, dtype=np.uint8)
-               for k, b in zip(chunks, uploads[senders.index(me)])}
-        if upload_digest(own) != store.read("last-upload"):
-            raise ThresholdProtocolError("ckks-threshold: the decrypt request does not hold this "
-                                         "client's own upload unchanged")
-    mixtures = call("mix", uploads, weights.tolist())
-    secret = store.read("secret-share")
+    if weights.shape[0] == 1:  # one mixture for every receiver: the server's (checked
+        mixtures = [[_blob(arrays, mixture_key(k)) for k in chunks]]  # as it is decrypted)
+    else:
+        uploads = [[_blob(arrays, from_key(k, s)) for k in chunks] for s in senders]
+        if me in senders:  # its own upload, byte for byte, at its place
+            own = {k: np.frombuffer(b, dtype=np.uint8)
+                   for k, b in zip(chunks, uploads[senders.index(me)])}
+            if upload_digest(own) != store.read("last-upload"):
+                raise ThresholdProtocolError("ckks-threshold: the decrypt request does not hold "
+                                             "this client's own upload unchanged")
+        mixtures = call("mix", uploads, weights.tolist())
+    peers = _peers(store)
+    if sorted(set(senders) - set(peers)):
+        raise ThresholdProtocolError("ckks-threshold: a receiver that holds no key share")
+    secret, private = store.read("secret-share"), store.read("channel-private")
+    lead = me == min(peers)  # OpenFHE's lead partial decryption: the lowest client id's
     reply: Arrays = {}
     for r, mixture in enumerate(mixtures):
         receivers = [s for s, row in zip(senders, row_of) if row == r]
-        if me in receivers:  # this client's own mixture: it leads its decryption
-            lead = call("partial_decrypt", mixture, secret, True)
-            store.write("lead-parts", b"".join(len(b).to_bytes(8, "little") + b for b in lead))
-        if any(s != me for s in receivers):
-            for key, blob in zip(chunks, call("partial_decrypt", mixture, secret, False)):
-                reply[row_key(key, r)] = _bytes(blob)
+        try:
+            parts = call("partial_decrypt", mixture, secret, lead)
+        except OpenFHEError as exc:  # not a mixture (a bad request)
+            raise ThresholdProtocolError(f"ckks-threshold: mixture {r}: {exc}") from None
+        about = _digest(mixture)
+        if me in receivers:  # its own mixture's: kept
+            store.write("own-parts", b"".join(len(b).to_bytes(8, "little") + b for b in parts))
+            store.write("own-mixture", about)
+        others = [i for i in receivers if i != me]
+        if not others:
+            continue
+        content = os.urandom(32)  # one key for this row's chunks, sealed for each receiver
+        aead = channel.AESGCM(content)
+        for key, blob in zip(chunks, parts):
+            reply[row_key(key, r)] = _bytes(channel.seal(aead, me, -1, about + key.encode(), blob))
+        for i in others:
+            pair = channel.pair_key(private, me, peers[i], i)
+            reply[key_key(i)] = _bytes(channel.seal(pair, me, i, about, content))
     return reply
 
 
@@ -222,19 +278,34 @@ def open_payload(config: ClientConfig, arrays: Arrays, partition_id: int,
     lead partial decryption and every other party's; none (keep training its own model)
     where the round's mixtures stayed closed; keys in the clear pass as they are."""
     clear = {k: v for k, v in arrays.items()
-             if parse_cipher_key(k.rsplit("@part", 1)[0]) is None and not k.startswith("ckksthr:")}
+             if parse_cipher_key(k.rsplit("@part", 1)[0]) is None and not k.startswith(PREFIX)}
     if UNOPENED in arrays or not any("@part" in k for k in arrays):
         return clear
     store = KeyStore(config, partition_id)
-    parties = [int(p) for p in store.read("parties").decode().split(",")]
-    others = [p for p in parties if p != partition_id]
-    lead = _unpack(store.read("lead-parts"))
+    peers = _peers(store)
+    others = [p for p in peers if p != partition_id]
+    own = _unpack(store.read("own-parts"))
+    about = store.read("own-mixture")
+    private = store.read("channel-private")
+    contents = {}
+    for p in others:  # each party's row key, sealed for this client
+        pair = channel.pair_key(private, partition_id, peers[p], p)
+        try:
+            contents[p] = channel.AESGCM(channel.open_sealed(pair, p, partition_id, about,
+                                                             _blob(arrays, key_key(p))))
+        except channel.ChannelError as exc:
+            raise ThresholdProtocolError(str(exc)) from None
     out = dict(clear)
     start = 0
     for name, sizes in layout(schema).items():
         keys = [cipher_key(name, c) for c in range(len(sizes))]
-        parts = [lead[start:start + len(keys)]]
-        parts += [[_blob(arrays, part_key(k, p)) for k in keys] for p in others]
+        parts = [own[start:start + len(keys)]]
+        try:
+            parts += [[channel.open_sealed(contents[p], p, -1, about + k.encode(),
+                                           _blob(arrays, part_key(k, p))) for k in keys]
+                      for p in others]
+        except channel.ChannelError as exc:
+            raise ThresholdProtocolError(str(exc)) from None
         start += len(keys)
         like = schema[name]
         try:

@@ -15,10 +15,18 @@ decryption by every party (``MultipartyDecryptLead`` by one, ``MultipartyDecrypt
 by each other one) put together by ``MultipartyDecryptFusion``.
 
 Parameters: CKKS, multiplicative depth 1 (the mixture's plaintext-scalar products),
-scaling modulus 40 bits, first modulus 60 bits, 128-bit classical security; OpenFHE
-then picks ring dimension 16384 (it refuses 8192 with the multiparty feature on), so a
-ciphertext holds :data:`SLOTS` = 8192 values and is 525 KB on the wire. Scaling
-FLEXIBLEAUTO (OpenFHE's default): decrypted mixtures within ~1e-6 of the plaintext ones.
+scaling modulus 40 bits, first modulus 60 bits, 128-bit classical security, scaling
+FIXEDMANUAL: a ciphertext has two moduli (q0 · q1, 100 bits). A mixture's products are
+left at scale 2^80, not rescaled: the noise each party's partial decryption adds (OpenFHE's
+fixed 20-bit flooding) is then ~2^-50 of a value, where at scale 2^40 (rescaled) it would
+be ~1e-4. Decrypted mixtures are within ~1e-8 of the plaintext ones. (OpenFHE's default
+FLEXIBLEAUTO adds a third modulus to every fresh ciphertext and rescales each term of a
+mixture: 50% more bytes per upload, several times the mixing time, for the same result.)
+OpenFHE picks ring dimension 16384: with its default HYBRID key switching it counts the
+key-switching modulus P into the 128-bit bound, which 8192 does not meet (BV key
+switching, no P, would allow 8192; we never key-switch), but 8192 would save nothing per
+value: a ciphertext would hold half the values in half the bytes. So :data:`SLOTS` =
+8192 values a ciphertext, 525 KB (a fresh one or a mixture), 263 KB a partial decryption.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ def context():
     params.SetFirstModSize(FIRST_MOD_SIZE)
     params.SetBatchSize(SLOTS)
     params.SetSecurityLevel(o.SecurityLevel.HEStd_128_classic)
+    params.SetScalingTechnique(o.ScalingTechnique.FIXEDMANUAL)
     cc = o.GenCryptoContext(params)
     for feature in (o.PKESchemeFeature.PKE, o.PKESchemeFeature.KEYSWITCH,
                     o.PKESchemeFeature.LEVELEDSHE, o.PKESchemeFeature.MULTIPARTY):
@@ -67,13 +76,20 @@ def context():
     return cc
 
 
+#: the scale degree (OpenFHE's noise scale degree) of a fresh encryption and of a mixture
+FRESH, MIXED = 1, 2
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 4096
 
 
-def _load(kind: str, blob: bytes):
+def _load(kind: str, blob: bytes, cache: bool = True):
     """An OpenFHE object from its bytes (cached by digest: the same upload is read by
-    every party an in-process run stands for)."""
+    every party an in-process run stands for; ``cache=False`` for what is read once,
+    the partial decryptions)."""
+    if not cache:
+        o = _openfhe()
+        context()
+        return o.DeserializeCiphertextString(blob, o.BINARY)
     key = (kind, hashlib.sha256(blob).digest())
     if key in _CACHE:
         _CACHE.move_to_end(key)
@@ -139,44 +155,57 @@ def encrypt(public: bytes, values: bytes):
     return out
 
 
-def check_ciphertexts(blobs, fresh: bool):
-    """Why ``blobs`` are not ciphertexts of this context, or None; ``fresh``: as a party
-    encrypts them (level 0, scale degree 1), else partial decryptions or mixtures."""
+def _shape_reason(ct, i: int, degree: int):
+    if ct.GetCryptoContext().GetRingDimension() != 2 * SLOTS:
+        return f"ciphertext {i} has ring dimension {ct.GetCryptoContext().GetRingDimension()}"
+    shape = (ct.GetLevel(), ct.GetNoiseScaleDeg(), ct.NumberCiphertextElements())
+    if shape != (0, degree, 2):
+        return (f"ciphertext {i} has (level, scale degree, elements) {shape}, "
+                f"expected {(0, degree, 2)}")
+    return None
+
+
+def check_ciphertexts(blobs, degree: int):
+    """Why ``blobs`` are not ciphertexts of this context at level 0 and scale degree
+    ``degree`` (:data:`FRESH` as a party encrypts them, :data:`MIXED` a mixture), or None."""
     for i, blob in enumerate(blobs):
         try:
             ct = _load("ct", blob)
         except Exception as exc:  # noqa: BLE001
             return f"ciphertext {i} does not load ({type(exc).__name__})"
-        if ct.GetCryptoContext().GetRingDimension() != 2 * SLOTS:
-            return f"ciphertext {i} has ring dimension {ct.GetCryptoContext().GetRingDimension()}"
-        if fresh and ct.GetLevel() != 0:
-            return f"ciphertext {i} is not a fresh encryption (level {ct.GetLevel()})"
+        reason = _shape_reason(ct, i, degree)
+        if reason:
+            return reason
     return None
 
 
-_MIXED: OrderedDict = OrderedDict()
+_MIXTURES: OrderedDict = OrderedDict()
 
 
 def mix(uploads, rows):
-    """Per row of weights, chunk by chunk, ``Σ_j w_j · uploads[j]`` (a plaintext-scalar
-    product and sums; terms of weight 0 left out, an all-zero row gives ``0·uploads[0]``).
-    Deterministic: the same inputs give the same bytes, so a worker that serves several
-    parties (an in-process run) computes a mixture once and hands out its bytes."""
-    key = hashlib.sha256(pickle.dumps((uploads, rows), protocol=4)).digest()
-    if key not in _MIXED:
-        _MIXED[key] = _mix(uploads, rows)
-        if len(_MIXED) > 2:
-            _MIXED.popitem(last=False)
-    return _MIXED[key]
+    """Per row of weights, chunk by chunk, ``Σ_j w_j · uploads[j]`` (plaintext-scalar
+    products and sums, terms of weight 0 left out, an all-zero row gives
+    ``0·uploads[0]``), at scale degree :data:`MIXED` (not rescaled). Deterministic: the
+    same inputs give the same bytes, so a worker that serves several parties (an in-process run)
+    computes a mixture once and hands out its bytes."""
+    digest = hashlib.sha256(repr(rows).encode())
+    for chunks in uploads:
+        for blob in chunks:
+            digest.update(hashlib.sha256(blob).digest())
+    key = digest.digest()
+    if key not in _MIXTURES:
+        _MIXTURES[key] = _mix(uploads, rows)
+        if len(_MIXTURES) > 2:
+            _MIXTURES.popitem(last=False)
+    return _MIXTURES[key]
 
 
 def _mix(uploads, rows):
     cc = context()
-    chunks = len(uploads[0])
     out = []
     for row in rows:
         mixture = []
-        for c in range(chunks):
+        for c in range(len(uploads[0])):
             total = None
             for j, weight in enumerate(row):
                 if weight == 0.0 and total is not None:
@@ -188,11 +217,31 @@ def _mix(uploads, rows):
     return out
 
 
-def partial_decrypt(blobs, secret: bytes, lead: bool):
-    """This party's partial decryption of each ciphertext (the lead's or a main one)."""
+def partial_size():
+    """The bytes of one serialized partial decryption of a mixture, up to OpenFHE's
+    metadata (key tags: a few dozen bytes); the server checks replies it cannot read
+    against it."""
+    cc = context()
+    pair = cc.KeyGen()  # a throwaway key, public operations only
+    (mixture,) = _mix([encrypt(_dump(pair.publicKey), np.zeros(SLOTS).tobytes())], [[1.0]])
+    return len(_dump(cc.MultipartyDecryptMain([_load("ct", mixture[0], cache=False)],
+                                              pair.secretKey)[0]))
+
+
+def partial_decrypt(blobs, secret: bytes, lead: bool, degree: int = MIXED):
+    """This party's partial decryption of each ciphertext (the lead's or a main one);
+    ValueError where one is not a ciphertext at scale degree ``degree`` (a mixture)."""
     cc = context()
     key = _load("sk", secret)
-    cts = [_load("ct", b) for b in blobs]
+    cts = []
+    for i, blob in enumerate(blobs):
+        try:
+            cts.append(_load("ct", blob, cache=False))
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"ciphertext {i} does not load ({type(exc).__name__})") from None
+        reason = _shape_reason(cts[-1], i, degree)
+        if reason:
+            raise ValueError(reason)
     parts = (cc.MultipartyDecryptLead if lead else cc.MultipartyDecryptMain)(cts, key)
     return [_dump(p) for p in parts]
 
@@ -205,7 +254,8 @@ def fuse(parts_per_party, count: int):
     values = []
     for c in range(len(parts_per_party[0])):
         try:
-            plain = cc.MultipartyDecryptFusion([_load("ct", party[c]) for party in parts_per_party])
+            plain = cc.MultipartyDecryptFusion([_load("ct", party[c], cache=False)
+                                                for party in parts_per_party])
         except RuntimeError:  # OpenFHE: "the approximation error is too high"
             raise ValueError("the partial decryptions do not fuse (one of them is wrong)") from None
         plain.SetLength(SLOTS)
@@ -233,9 +283,34 @@ def decrypt_with_one_share(blobs, secret: bytes, count: int):
     return np.concatenate(values)[:count].tobytes()
 
 
+def decrypt_with_every_main_partial(blobs, mains_per_party, count: int):
+    """What a server makes of ciphertexts when it holds every party's *main* partial
+    decryption of them (``mains_per_party[p][c]``; the attack that sealing the partial
+    decryptions stops, :mod:`.channel`): with a throwaway key pair of its own, public
+    operations only, its lead partial of ``ct`` plus its main partial of ``-ct`` cancel
+    its key and leave ``c0``, which with every main partial fuses to the plaintext.
+    float64 bytes, or None where OpenFHE refuses to decode."""
+    cc = context()
+    own = cc.KeyGen().secretKey
+    values = []
+    for c, blob in enumerate(blobs):
+        ct = _load("ct", blob)
+        c0 = [cc.MultipartyDecryptLead([ct], own)[0],
+              cc.MultipartyDecryptMain([cc.EvalNegate(ct)], own)[0]]
+        try:
+            plain = cc.MultipartyDecryptFusion(
+                c0 + [_load("ct", party[c], cache=False) for party in mains_per_party])
+        except RuntimeError:
+            return None
+        plain.SetLength(SLOTS)
+        values.append(np.asarray(plain.GetRealPackedValue(), dtype=np.float64))
+    return np.concatenate(values)[:count].tobytes()
+
+
 OPERATIONS = {f.__name__: f for f in (lead_keygen, share_keygen, join_public, check_public,
-                                      encrypt, check_ciphertexts, mix, partial_decrypt, fuse,
-                                      decrypt_with_one_share)}
+                                      encrypt, check_ciphertexts, mix, partial_size,
+                                      partial_decrypt, fuse, decrypt_with_one_share,
+                                      decrypt_with_every_main_partial)}
 
 
 # --- the worker: length-prefixed pickles of builtins on stdin/stdout -------------------------
