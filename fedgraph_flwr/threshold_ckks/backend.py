@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..algorithms.options import ConfigError
+from ..core.options import ConfigError
 
 PYTHON_ENV = "FEDGRAPH_OPENFHE_PYTHON"
 OPS_FILE = Path(__file__).with_name("openfhe_ops.py")
