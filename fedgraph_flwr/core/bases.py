@@ -61,7 +61,7 @@ from .mixing import MixingPlan
 from .options import ConfigError, Options
 from .phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 
-if TYPE_CHECKING:  # the engine loads this module without torch's model code or PyG
+if TYPE_CHECKING:  # type-only: the engine loads this module without torch or PyG
     import torch
     from torch_geometric.data import Data
 
