@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from fedgraph_flwr.algorithms.base import Arrays, Phase
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.phases import Arrays, Phase
 from fedgraph_flwr.engine.loop import InProcessTransport
 from fedgraph_flwr.engine.recorder import nbytes
 from fedgraph_flwr.engine.records import signature_floats

@@ -51,7 +51,7 @@ def bench(algorithm: str, clients: int, features: int, classes: int, hidden: int
     import numpy as np
 
     from fedgraph_flwr.algorithms import get_algorithm
-    from fedgraph_flwr.algorithms.base import ClientUpdate
+    from fedgraph_flwr.core.phases import ClientUpdate
 
     config, upload, signature = client_shapes(algorithm, features, classes, hidden, mix_dtype)
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@
 Keys are kebab-case, as in ``[tool.flwr.app.config]`` of ``pyproject.toml``; each is a
 field of :class:`ClientSettings` (what a client reads), :class:`ServerSettings` (what
 only the server reads) or of an algorithm's typed options
-(:mod:`fedgraph_flwr.algorithms.options`), each with its type, default, range and a
+(:mod:`fedgraph_flwr.core.options`), each with its type, default, range and a
 one-line doc. The pyproject block is generated from them by
 ``python -m fedgraph_flwr.config --write-pyproject`` (a test checks it is current).
 
@@ -36,17 +36,19 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import yaml
 
-from .algorithms import ALGORITHMS, Algorithm, get_algorithm
-from .algorithms.options import ConfigError, Options, coerce, context, option  # ConfigError re-exported
-from .data.partition import METIS_LIBRARIES
+from .core.options import ConfigError, Options, coerce, context, option  # ConfigError re-exported
+from .core.registry import ALGORITHMS, Algorithm, get_algorithm
 from .generated import replace_block, write_or_check
-from .nn.personal_gnn import BACKBONES
 from .privacy import scope as privacy_scope
 from .privacy.scope import DP_SCOPES
 
 OptionsT = TypeVar("OptionsT", bound=Options)
 
 PARTITIONS = ("metis", "metis-overlapping", "louvain", "blocks", "files")
+#: Where METIS comes from (data/partition.py reads the key).
+METIS_LIBRARIES = ("pymetis", "system")
+#: The backbones of the GCN-family baselines (nn/personal_gnn.py builds each).
+BACKBONES = ("gcn", "sgc", "sage")
 PARTITION_SPLITS = ("auto", "global", "per-client")
 FEATURES = ("normalized", "raw")
 METRICS = ("auto", "accuracy", "roc_auc")
@@ -56,6 +58,15 @@ SECURE_AGGREGATIONS = ("off", "ckks", "ckks-threshold")
 ROBUST_RULES = ("none", "norm-bound", "trimmed-mean", "median", "krum", "multi-krum", "bulyan")
 #: The robust rules that replace a row of the mixing plan (they need the algorithm's plan).
 ROBUST_ROW_RULES = ("median", "trimmed-mean", "bulyan")
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def resolve_metric(metric: str, num_classes: int) -> str:
+    """``metric=auto`` means ROC-AUC for binary tasks, accuracy otherwise."""
+    if metric == "auto":
+        return "roc_auc" if num_classes == 2 else "accuracy"
+    return metric
 
 
 def robust_min_clients(rule: str, malicious: int) -> int:
@@ -66,8 +77,6 @@ def robust_min_clients(rule: str, malicious: int) -> int:
     if rule == "bulyan":
         return 4 * malicious + 3
     return 1
-RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
-DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -322,10 +331,7 @@ class RunConfig(ServerSettings, ClientConfig):
         self._check_dp()
         if not RUN_NAME.fullmatch(self.run_name):
             raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
-        if self.secure_aggregation != "off":
-            from .secure_aggregation import check_method  # local import: tenseal
-
-            check_method(self)
+        self._check_secure_aggregation()
         self._check_robust()
 
     def _check_dp(self) -> None:
@@ -344,6 +350,28 @@ class RunConfig(ServerSettings, ClientConfig):
         if not self.dp_noise_multiplier and not self.dp_epsilon:
             raise ConfigError(f"dp={self.dp} needs dp-epsilon (a budget the noise is calibrated "
                               f"to) or dp-noise-multiplier > 0")
+
+    def _check_secure_aggregation(self) -> None:
+        """Refuse ``secure-aggregation`` for a method whose server needs the weights in the
+        clear (its aggregator has no ``mixing_plan``), and ``ckks-threshold`` with what its
+        protocol does not cover (yet)."""
+        mode = self.secure_aggregation
+        if mode == "off":
+            return
+        if not get_algorithm(self.algorithm).aggregator.has_mixing_plan():
+            able = sorted(n for n, a in ALGORITHMS.items() if a.aggregator.has_mixing_plan())
+            raise ConfigError(
+                f"secure-aggregation={mode}: algorithm={self.algorithm}'s server needs the clients' "
+                f"weights in the clear; {mode} works with {', '.join(able)}")
+        if mode == "ckks-threshold":
+            for setting, unsupported in (("dp", self.dp != "off"),
+                                         ("client-state=file", self.client_state == "file"),
+                                         ("fraction < 1", self.fraction < 1.0)):
+                if unsupported:
+                    raise ConfigError(
+                        f"secure-aggregation=ckks-threshold does not support {setting}: every "
+                        f"client holds a key share and decrypts every round "
+                        f"(docs/secure-aggregation.md)")
 
     def _check_robust(self) -> None:
         """A ``robust`` setting this run can honour (engine/robust.py applies it)."""
@@ -440,11 +468,6 @@ def all_defaults() -> dict[str, Any]:
     return out
 
 
-def option_owners() -> dict[str, str]:
-    """``{key: algorithm name}`` for every algorithm option key."""
-    return {key: algo.name for algo in ALGORITHMS.values() for key in algo.options.keys()}
-
-
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a flat YAML mapping of run-config keys."""
     p = Path(path).expanduser()
@@ -469,31 +492,46 @@ def resolve_config(
     last (used by tests and the experiment runner). Every problem is one
     :class:`ConfigError` line: an unknown key (with the closest valid one), an option
     of another algorithm set explicitly, or a bad value.
+
+    A method is imported only if a key of its own is given: Flower's ``run_config``
+    holds every method's keys (at their defaults unless set), so under Flower every
+    method is; ``overrides`` alone import only the methods they name.
     """
-    defaults = all_defaults()
+    common = common_defaults()
+    known = dict(common)  # grows by each method's defaults as its keys are met
     explicit: dict[str, Any] = {}
     for source in (run_config or {}), (overrides or {}):
         for key, value in source.items():
-            if key not in defaults:
-                raise ConfigError(_unknown_key(key, defaults))
-            if source is overrides or value != defaults[key]:
+            default = _default_of(key, known, "")
+            if source is overrides or value != default:
                 explicit[key] = value
     from_file: dict[str, Any] = {}
     config_file = explicit.get("config-file", "")
     if config_file:
         for key, value in load_yaml(config_file).items():
-            if key not in defaults:
-                raise ConfigError(f"config-file {config_file}: " + _unknown_key(key, defaults))
+            _default_of(key, known, f"config-file {config_file}: ")
             from_file[key] = value
-    merged = {**defaults, **from_file, **explicit}
+    merged = {**common, **from_file, **explicit}  # the method's keys missing here: defaults
     algorithm = get_algorithm_or_fail(str(merged["algorithm"]))
-    owners = option_owners()
     for where, keys in ((f"config-file {config_file}: ", from_file), ("", explicit)):
         for key in keys:
-            if owners.get(key, algorithm.name) != algorithm.name:
-                raise ConfigError(f"{where}{key} is an option of {owners[key]}, not of "
+            owner = None if key in common else ALGORITHMS.owner_of(key)
+            if owner is not None and owner != algorithm.name:
+                raise ConfigError(f"{where}{key} is an option of {owner}, not of "
                                   f"algorithm={algorithm.name}")
     return RunConfig.from_config(merged)
+
+
+def _default_of(key: str, known: dict[str, Any], where: str) -> Any:
+    """The default of run-config ``key``, from ``known`` or else its method's own keys (the
+    method imported, its defaults added to ``known``); a ConfigError if there is no such key."""
+    if key not in known:
+        owner = ALGORITHMS.owner_of(key)
+        if owner is not None:
+            known.update(ALGORITHMS[owner].config_defaults)
+    if key not in known:
+        raise ConfigError(where + _unknown_key(key, all_defaults()))
+    return known[key]
 
 
 def _unknown_key(key: str, defaults: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .algorithms import ALGORITHMS, Algorithm
+from .core.registry import ALGORITHMS, Algorithm
 from .generated import replace_block, write_or_check
 from .privacy.scope import DP_SCOPES, refusal
 

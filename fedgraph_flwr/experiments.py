@@ -256,8 +256,8 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
     legacy value for it (what runs did before the key existed), or a function of the
     filled config giving it.
     """
-    from .algorithms import get_algorithm
     from .config import all_defaults
+    from .core.registry import get_algorithm
 
     filled = {**all_defaults(), **config}
     try:

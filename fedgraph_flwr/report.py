@@ -257,8 +257,8 @@ def server_rows(results: dict[str, Any]) -> list[list[str]]:
 def config_block(config: dict[str, Any]) -> str:
     """The resolved config: the common keys and this algorithm's (another algorithm's
     switches cannot change the run), values that differ from the default in bold."""
-    from .algorithms import get_algorithm
     from .config import all_defaults, common_defaults
+    from .core.registry import get_algorithm
 
     defaults = all_defaults()
     try:

@@ -10,7 +10,7 @@ Who holds what:
   (:mod:`fedgraph_flwr.engine.ckks_mixing`), not to decrypt. :func:`load_public_context`
   refuses a file that holds a secret key.
 
-The mixing weights (an aggregator's :class:`~fedgraph_flwr.algorithms.base.MixingPlan`)
+The mixing weights (an aggregator's :class:`~fedgraph_flwr.core.mixing.MixingPlan`)
 come from the signatures and sample counts, which stay in the clear.
 
 Keys: ``python -m fedgraph_flwr.secure_aggregation keygen --out DIR`` writes
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .algorithms.options import ConfigError
+from .core.options import ConfigError
 
 if TYPE_CHECKING:
     import tenseal as ts
@@ -65,31 +65,8 @@ CIPHER_MARK = "@ckks"
 
 
 class SecureAggregationError(ConfigError):
-    """A key is missing or wrong, or a method cannot mix ciphertexts (one line)."""
-
-
-# --- which methods ------------------------------------------------------------------------
-def check_method(config: RunConfig) -> None:
-    """Refuse ``secure-aggregation=ckks`` for a method whose server needs the weights in
-    the clear (its aggregator has no :meth:`~.algorithms.base.Aggregator.mixing_plan`)."""
-    from .algorithms import ALGORITHMS, get_algorithm
-
-    mode = config.secure_aggregation
-    if mode not in ("ckks", "ckks-threshold"):
-        return
-    if not get_algorithm(config.algorithm).aggregator.has_mixing_plan():
-        able = sorted(n for n, a in ALGORITHMS.items() if a.aggregator.has_mixing_plan())
-        raise SecureAggregationError(
-            f"secure-aggregation={mode}: algorithm={config.algorithm}'s server needs the clients' "
-            f"weights in the clear; {mode} works with {', '.join(able)}")
-    if mode == "ckks-threshold":  # what the threshold protocol does not cover (yet)
-        for setting, unsupported in (("dp", config.dp != "off"),
-                                     ("client-state=file", config.client_state == "file"),
-                                     ("fraction < 1", config.fraction < 1.0)):
-            if unsupported:
-                raise SecureAggregationError(
-                    f"secure-aggregation=ckks-threshold does not support {setting}: every "
-                    f"client holds a key share and decrypts every round (docs/secure-aggregation.md)")
+    """A key is missing or wrong (one line); which methods and settings it works with,
+    ``RunConfig`` checks (config.py)."""
 
 
 # --- keys ---------------------------------------------------------------------------------

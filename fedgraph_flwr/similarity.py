@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from torch_geometric.data import Data
 
-from .algorithms.mixing import cosine_similarity
+from .core.mixing import cosine_similarity
 from .data.noniid import js_divergence, label_histograms, propagated_features
 
 GROUND_TRUTHS = ("features", "labels", "combined")

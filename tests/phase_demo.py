@@ -30,17 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedgraph_flwr.algorithms import ALGORITHMS, Options
-from fedgraph_flwr.algorithms.base import (
-    TRAIN_PHASE,
-    AggregateResult,
-    Aggregator,
-    Arrays,
-    ClientUpdate,
-    Phase,
-    PhaseReply,
-)
+from fedgraph_flwr.algorithms import Options, unregister
+from fedgraph_flwr.algorithms.base import Aggregator
 from fedgraph_flwr.algorithms.fedavg import GCNTrainer
+from fedgraph_flwr.core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 
 NAME = "phase-demo"
 
@@ -120,8 +113,7 @@ class PhaseDemoAggregator(Aggregator):
 
 def register_phase_demo() -> None:
     """Register phase-demo in this process unless it already is."""
-    # The registry is looked up at call time: sent by value to a Ray worker, a global
-    # dict would travel as a copy of this process's registry, not be the worker's own.
+    # The registry is looked up at call time, in the process that runs this (a Ray worker).
     from fedgraph_flwr.algorithms import ALGORITHMS, register
 
     if NAME not in ALGORITHMS:
@@ -136,7 +128,7 @@ def registered() -> Iterator[None]:
     try:
         yield
     finally:
-        ALGORITHMS.pop(NAME, None)
+        unregister(NAME)
 
 
 def register_in_client_app(message, context, call_next):

@@ -25,8 +25,8 @@ from fedgraph_flwr.algorithms.adafgl import (
     similarity_support,
     smoothed_features,
 )
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.chebnet import ChebNet, chebyshev_terms
 from fedgraph_flwr.nn.gamlp import normalized_adjacency

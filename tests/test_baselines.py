@@ -13,10 +13,10 @@ from torch_geometric.data import Data
 from torch_geometric.utils import stochastic_blockmodel_graph
 
 from fedgraph_flwr.algorithms import apfl, fedper, fedprox, fedpub, gcfl
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
-from fedgraph_flwr.algorithms.options import Options
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.options import Options
+from fedgraph_flwr.core.phases import ClientUpdate
 
 CPU = torch.device("cpu")
 NUM_FEATURES, NUM_CLASSES = 8, 3

@@ -206,8 +206,8 @@ def test_fedaux_mixes_by_the_protected_signature_under_dp_signature():
     """Under dp=signature the server's similarities come from the noised signature, not from
     the APV inside the weights (which the signature scope leaves to encryption)."""
     from fedgraph_flwr.algorithms import ALGORITHMS
-    from fedgraph_flwr.algorithms.base import ClientUpdate
     from fedgraph_flwr.algorithms.fedaux import APV_KEY
+    from fedgraph_flwr.core.phases import ClientUpdate
 
     def updates(in_weights, in_signature):
         return {c: ClientUpdate({APV_KEY: np.array(w, np.float32)},
@@ -234,8 +234,8 @@ def _fedaux_aggregator(**extra):
 
 
 def _apv_updates(apvs: np.ndarray) -> dict:
-    from fedgraph_flwr.algorithms.base import ClientUpdate
     from fedgraph_flwr.algorithms.fedaux import APV_KEY
+    from fedgraph_flwr.core.phases import ClientUpdate
 
     return {c: ClientUpdate({}, {APV_KEY: a.astype(np.float32)}, 10) for c, a in enumerate(apvs)}
 
@@ -244,7 +244,7 @@ def test_fedaux_shrinks_noised_similarities_by_their_reliability_under_dp_signat
     """fedaux-dp-mixing=shrink: softmax(α r S) with r = 1/(1 + σ²d'), from public σ and d'
     alone; raw keeps Eq. 7's α. At the σ a 100-round ε ≤ 8 run needs, the mixing is uniform
     where raw's follows the noise and leans on each client's own model."""
-    from fedgraph_flwr.algorithms.mixing import cosine_similarity, row_softmax
+    from fedgraph_flwr.core.mixing import cosine_similarity, row_softmax
 
     rng = np.random.default_rng(0)
     clipped = rng.normal(size=(4, 256))
@@ -346,7 +346,7 @@ def test_no_signature_leaves_un_noised_in_the_same_reply_under_dp_signature(algo
     from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 
     from fedgraph_flwr.algorithms import ALGORITHMS
-    from fedgraph_flwr.algorithms.base import TRAIN_PHASE
+    from fedgraph_flwr.core.phases import TRAIN_PHASE
     from fedgraph_flwr.engine import client_runtime as rt
 
     algo = ALGORITHMS[algorithm]
@@ -471,7 +471,7 @@ def test_no_exact_count_leaves_a_client_under_dp_client(algorithm):
     from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 
     from fedgraph_flwr.algorithms import ALGORITHMS
-    from fedgraph_flwr.algorithms.base import ClientUpdate
+    from fedgraph_flwr.core.phases import ClientUpdate
     from fedgraph_flwr.engine import client_runtime as rt
     from fedgraph_flwr.privacy.counts import COUNTS, ENGINE_KEYS, ENGINE_PREFIXES
 

@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedaux import (
     FedAuxAggregator,
     FedAuxTrainer,
     spectral_gap,
 )
-from fedgraph_flwr.algorithms.mixing import cosine_similarity, row_softmax
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.mixing import cosine_similarity, row_softmax
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.nn.apv_kernel import (
     HardSortConv1d,
     apv_scores,

@@ -17,8 +17,8 @@ from test_baselines import (
 )
 
 from fedgraph_flwr.algorithms import feddc
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgOptions, GCNTrainer
+from fedgraph_flwr.core.phases import ClientUpdate
 
 
 def _model_keys(initial):

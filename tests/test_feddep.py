@@ -14,7 +14,6 @@ from test_fedsage import _graph  # FedSage+'s test graph: the relay's tests shar
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.feddep import (
     FedDEPAggregator,
     FedDEPTrainer,
@@ -35,6 +34,7 @@ from fedgraph_flwr.algorithms.fedsage import (
     VECTORS,
 )
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.client_runtime import state_from_bytes, state_to_bytes
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.dec_clustering import dec_clusters

@@ -10,9 +10,9 @@ from test_baselines import CPU, make_config
 from torch_geometric.utils import to_undirected
 
 from fedgraph_flwr.algorithms import fedgcn
-from fedgraph_flwr.algorithms.base import ClientUpdate
-from fedgraph_flwr.algorithms.options import ConfigError
 from fedgraph_flwr.config import ClientSettings
+from fedgraph_flwr.core.options import ConfigError
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.data import files
 from fedgraph_flwr.data import partition as P
 from fedgraph_flwr.engine import client_runtime as rt

@@ -11,7 +11,7 @@ from test_baselines import CPU, NUM_CLASSES, NUM_FEATURES, make_config, tiny_gra
 from torch_geometric.nn import GCNConv
 
 from fedgraph_flwr.algorithms import fedgl
-from fedgraph_flwr.algorithms.base import ClientUpdate
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gcn import GCN
 

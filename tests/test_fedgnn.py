@@ -13,7 +13,6 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedgnn import (
     EMBED,
     EXPAND,
@@ -24,6 +23,7 @@ from fedgraph_flwr.algorithms.fedgnn import (
     match_expansion,
 )
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.fedgnn_net import FedGNNNet
 

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedgta import (
     CONFIDENCE_KEY,
     MOMENTS_KEY,
@@ -25,8 +24,9 @@ from fedgraph_flwr.algorithms.fedgta import (
     moments,
     smoothing_confidence,
 )
-from fedgraph_flwr.algorithms.options import ConfigError
 from fedgraph_flwr.config import all_defaults, resolve_config
+from fedgraph_flwr.core.options import ConfigError
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.gamlp import GAMLP, normalized_adjacency, propagate_hops
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import erdos_renyi_graph, subgraph, to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fediih import (
     PRIOR_KEY,
     FedIIHAggregator,
@@ -22,8 +21,9 @@ from fedgraph_flwr.algorithms.fediih import (
     gaussian_js,
     global_factor_means,
 )
-from fedgraph_flwr.algorithms.mixing import mix, row_softmax
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.mixing import mix, row_softmax
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.nn.disengcn import NeighbourhoodRouting, routing_layer_split
 from fedgraph_flwr.nn.factor_graph import EdgeAggregate, EdgeDots, build_factor_graph
 from fedgraph_flwr.nn.hvgae import (

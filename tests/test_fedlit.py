@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedlit import (
     CENTROIDS_KEY,
     CLUSTER_TRAIN_KEY,
@@ -29,6 +28,7 @@ from fedgraph_flwr.algorithms.fedlit import (
     update_centroids,
 )
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine import state_codec
 from fedgraph_flwr.engine.checkpoint import to_numpy
 from fedgraph_flwr.engine.loop import run_federation

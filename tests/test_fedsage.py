@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedsage import (
     CONTRIBUTORS,
     GEN_GRAD,
@@ -35,6 +34,7 @@ from fedgraph_flwr.algorithms.fedsage import (
     slot_counts,
 )
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.client_runtime import state_from_bytes, state_to_bytes
 from fedgraph_flwr.engine.loop import run_federation
 

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import remove_self_loops, to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, GCNTrainer
 from fedgraph_flwr.algorithms.fedspray import (
     PROXIES_KEY,
@@ -28,6 +27,7 @@ from fedgraph_flwr.algorithms.fedspray import (
 )
 from fedgraph_flwr.algorithms.local import LocalAggregator, LocalTrainer
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.client_runtime import restore_trainer
 
 CPU = torch.device("cpu")

@@ -10,9 +10,9 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedstar import FedStarAggregator, FedStarTrainer, is_structure
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn import fedstar_net
 from fedgraph_flwr.nn.fedstar_net import (

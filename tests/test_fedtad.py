@@ -20,8 +20,8 @@ from test_baselines import (
 )
 
 from fedgraph_flwr.algorithms import fedtad
-from fedgraph_flwr.algorithms.base import ClientUpdate
-from fedgraph_flwr.algorithms.options import ConfigError
+from fedgraph_flwr.core.options import ConfigError
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.nn.fedtad_generator import ConditionalGenerator, knn_pseudo_graph
 
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from test_fedsage import _graph  # a small three-class graph
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fggp import (
     PROTOTYPES_KEY,
     QUEUE_KEY,
@@ -27,8 +26,9 @@ from fedgraph_flwr.algorithms.fggp import (
     queue_scores,
     weighted_class_prototypes,
 )
-from fedgraph_flwr.algorithms.options import ConfigError
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.options import ConfigError
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.client_runtime import state_from_bytes, state_to_bytes
 from fedgraph_flwr.engine.loop import run_federation
 from fedgraph_flwr.nn.pmlp_gcn import GraphAugmenter, gcn_propagation, row_normalised

@@ -1,4 +1,4 @@
-"""algorithms/mixing.py on hand-made inputs with known answers, and the aggregators
+"""core/mixing.py on hand-made inputs with known answers, and the aggregators
 that mix through it keeping non-float arrays per client."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedaux import FedAuxAggregator
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator
 from fedgraph_flwr.algorithms.fediih import FedIIHAggregator
-from fedgraph_flwr.algorithms.mixing import average, cosine_similarity, mix, row_softmax
 from fedgraph_flwr.config import RunConfig
+from fedgraph_flwr.core.mixing import average, cosine_similarity, mix, row_softmax
+from fedgraph_flwr.core.phases import ClientUpdate
 
 ORDERS = [{"normalise_first": True}, {"normalise_first": False}]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_privacy_and_replies import NUM_CLASSES, NUM_FEATURES, _graph
 
-from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import TRAIN_PHASE
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import Federation
 from fedgraph_flwr.engine.loop import run_federation

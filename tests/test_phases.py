@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fedgraph_flwr.algorithms.base import TRAIN_PHASE, Phase, check_phases
+from fedgraph_flwr.core.phases import TRAIN_PHASE, Phase, check_phases
 from fedgraph_flwr.engine.loop import run_federation
 
 import phase_demo

@@ -11,8 +11,8 @@ import torch
 from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import ALGORITHMS
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.config import RunConfig, resolve_config
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import Federation
 from fedgraph_flwr.engine.transport import ClientReply

@@ -11,8 +11,9 @@ from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from fedgraph_flwr.algorithms.base import ClientUpdate, MixingPlan
 from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.core.mixing import MixingPlan
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine.federation import Federation
 from fedgraph_flwr.engine.robust import (
     RobustAggregation,

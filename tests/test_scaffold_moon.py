@@ -20,9 +20,9 @@ from test_baselines import (
 )
 
 from fedgraph_flwr.algorithms import moon, scaffold
-from fedgraph_flwr.algorithms.base import ClientUpdate
 from fedgraph_flwr.algorithms.fedavg import FedAvgAggregator, FedAvgOptions, GCNTrainer
-from fedgraph_flwr.algorithms.options import ConfigError
+from fedgraph_flwr.core.options import ConfigError
+from fedgraph_flwr.core.phases import ClientUpdate
 
 
 # --- SCAFFOLD ----------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import pytest
 
 from fedgraph_flwr import secure_aggregation as secure
 from fedgraph_flwr.algorithms import get_algorithm
-from fedgraph_flwr.algorithms.base import ClientUpdate
-from fedgraph_flwr.algorithms.mixing import apply_plan
 from fedgraph_flwr.config import ConfigError, resolve_config
+from fedgraph_flwr.core.mixing import apply_plan
+from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine import federation as federation_module
 from fedgraph_flwr.engine.ckks_mixing import CiphertextMixer
 from fedgraph_flwr.engine.loop import run_federation

@@ -11,8 +11,8 @@ import torch
 from torch_geometric.data import Data
 
 from fedgraph_flwr.algorithms import ALGORITHMS, get_algorithm
-from fedgraph_flwr.algorithms.base import TRAIN_PHASE
 from fedgraph_flwr.config import resolve_config
+from fedgraph_flwr.core.phases import TRAIN_PHASE
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine import framing, state_codec
 

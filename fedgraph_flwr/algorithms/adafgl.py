@@ -94,16 +94,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.mixing import average
+from ..core.options import ConfigError, Options, option
+from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.registry import Algorithm
 from ..metrics import score
 from ..nn.adafgl_hete import HeteroPropagation
 from ..nn.adafgl_homo import HomoPropagation
 from ..nn.chebnet import ChebNet
 from ..nn.gamlp import normalized_adjacency, propagate_hops
 from ..nn.gcn import GCN
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
+from .base import Aggregator
 from .fedgta import label_propagation
-from .mixing import average
-from .options import ConfigError, Options, option
 from .supervised import SupervisedTrainer, evaluation_metrics
 
 if TYPE_CHECKING:
@@ -673,3 +675,6 @@ class AdaFGLAggregator(Aggregator):
         self.best_score = float(state["best_score"])
         self.best_round = int(state["best_round"])
         self.delivered = {int(c) for c in state["delivered"]}
+
+
+ALGORITHM = Algorithm("adafgl", AdaFGLTrainer, AdaFGLAggregator, AdaFGLOptions)

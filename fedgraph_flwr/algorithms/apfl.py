@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch_geometric.data import Data
 
+from ..core.options import Options, option
+from ..core.registry import Algorithm
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import Options, option
 
 if TYPE_CHECKING:
     from ..config import ClientConfig
@@ -120,3 +121,6 @@ class APFLAggregator(FedAvgAggregator):
     """APFL's server is FedAvg over the shared model ``w``."""
 
     options_class = APFLOptions
+
+
+ALGORITHM = Algorithm("apfl", APFLTrainer, APFLAggregator, APFLOptions)

@@ -39,11 +39,13 @@ import numpy as np
 import torch
 from scipy.linalg import eigh
 
+from ..core.mixing import MixingPlan, cosine_similarity, mix, row_softmax
+from ..core.options import ConfigError, Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.apv_kernel import KERNEL_IMPLS, SCORE_MODES
 from ..nn.fedaux_net import APV_INITS, CLASSIFIER_INITS, HEADS, VARIANTS, FedAuxNet
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
-from .mixing import cosine_similarity, mix, row_softmax
-from .options import ConfigError, Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -253,3 +255,6 @@ class FedAuxAggregator(Aggregator):
         in_upload = APV_KEY in update.arrays and self.config.dp != "signature"
         source = update.arrays if in_upload else update.signature
         return np.asarray(source[APV_KEY], dtype=np.float64).reshape(-1)
+
+
+ALGORITHM = Algorithm("fedaux", FedAuxTrainer, FedAuxAggregator, FedAuxOptions, legacy_values=LEGACY_VALUES)

@@ -9,11 +9,13 @@ import numpy as np
 from numpy.typing import DTypeLike
 from torch import nn
 
+from ..core.mixing import MixingPlan, average
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.gcn import GCN
 from ..nn.personal_gnn import PersonalGNN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
-from .mixing import average
-from .options import Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -89,3 +91,6 @@ class FedAvgAggregator(Aggregator):
         """``fedavg-weighting``; the methods that reuse this server (FedProx, FedPer, APFL)
         have no such option and weight by training nodes."""
         return self.options.weighting if isinstance(self.options, FedAvgOptions) else "train"
+
+
+ALGORITHM = Algorithm("fedavg", GCNTrainer, FedAvgAggregator, FedAvgOptions)

@@ -49,9 +49,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
+from .base import Aggregator
 from .fedavg import GCNTrainer
-from .options import Options, option
 from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
@@ -286,3 +288,6 @@ class FedDCAggregator(Aggregator):
         self.drifts = {int(c): {n: np.asarray(v, np.float64) for n, v in d.items()}
                        for c, d in state["drifts"].items()}
         self.num_train = {int(c): int(n) for c, n in state["num_train"].items()}
+
+
+ALGORITHM = Algorithm("feddc", FedDCTrainer, FedDCAggregator, FedDCOptions)

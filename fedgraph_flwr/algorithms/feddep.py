@@ -107,11 +107,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.mixing import MixingPlan
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate, PhaseReply
+from ..core.registry import Algorithm
 from ..nn.dec_clustering import dec_clusters
 from ..nn.feddep_classifier import BRANCHES, DepClassifier
 from ..nn.feddep_encoder import EmbeddingEncoder, sample_in_edges
 from ..nn.feddep_generator import DepGenerator, mended_mean
-from .base import AggregateResult, Arrays, ClientUpdate, MixingPlan, PhaseReply
 from .fedavg import WEIGHTINGS, client_weights, weighted_average
 from .fedsage import (
     GRADS,
@@ -122,7 +125,6 @@ from .fedsage import (
     greedy_feature_loss,
     simple_edges,
 )
-from .options import Options, option
 from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
@@ -588,3 +590,6 @@ class FedDEPAggregator(FedSageAggregator):
         """Every client's row is the same weights: one global model."""
         w = client_weights(updates, self.options.weighting)
         return MixingPlan(sorted(updates), np.tile(w, (len(w), 1))[None])
+
+
+ALGORITHM = Algorithm("feddep", FedDEPTrainer, FedDEPAggregator, FedDEPOptions)

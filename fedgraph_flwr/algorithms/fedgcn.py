@@ -56,12 +56,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.registry import Algorithm
 from ..nn.fedgcn_net import AggreGCN
 from ..nn.gcn import GCN
-from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import FedAvgAggregator
 from .fedgnn import hash_ids, rows_by_node
-from .options import ConfigError, Options, option
 from .supervised import (
     EVALUATE_POINTS,
     OPTIMIZERS,
@@ -229,3 +230,6 @@ class FedGCNAggregator(FedAvgAggregator):
             0, torch.as_tensor(inverse), torch.as_tensor(sums))
         self.total = total.numpy()
         return AggregateResult(payloads={}, metrics={"nodes": float(hashes.size)})
+
+
+ALGORITHM = Algorithm("fedgcn", FedGCNTrainer, FedGCNAggregator, FedGCNOptions)

@@ -76,11 +76,12 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, coalesce
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.registry import Algorithm
 from ..nn.gcn import GCN
-from .base import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
 from .fedavg import FedAvgAggregator, GCNTrainer
 from .fedgnn import hash_ids, rows_by_node
-from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
@@ -403,3 +404,6 @@ class FedGLAggregator(FedAvgAggregator):
         """Restore :meth:`state_dict`."""
         self.kept = {int(c): {k: np.asarray(v) for k, v in a.items()}
                      for c, a in state.get("kept", {}).items()}
+
+
+ALGORITHM = Algorithm("fedgl", FedGLTrainer, FedGLAggregator, FedGLOptions)

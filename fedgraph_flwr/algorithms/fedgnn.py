@@ -96,10 +96,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.options import Options, option
+from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.registry import Algorithm
 from ..nn.fedgnn_net import FedGNNNet
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
+from .base import Aggregator
 from .fedavg import WEIGHTINGS, weighted_average
-from .options import Options, option
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -467,3 +469,6 @@ class FedGNNAggregator(Aggregator):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.global_arrays = dict(state["global"])
+
+
+ALGORITHM = Algorithm("fedgnn", FedGNNTrainer, FedGNNAggregator, FedGNNOptions)

@@ -76,11 +76,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.mixing import cosine_similarity, mix
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.gamlp import GAMLP, GATE_LAYOUTS, normalized_adjacency, propagate_hops
 from ..nn.gcn import GCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
-from .mixing import cosine_similarity, mix
-from .options import Options, option
+from .base import Aggregator
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -336,3 +338,6 @@ class FedGTAAggregator(Aggregator):
                      "self_weight_mean": float(np.mean(np.diag(weights))),
                      "confidence_mean": float(confidences.mean())},
         )
+
+
+ALGORITHM = Algorithm("fedgta", FedGTATrainer, FedGTAAggregator, FedGTAOptions)

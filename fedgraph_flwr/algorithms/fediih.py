@@ -56,6 +56,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.mixing import MixingPlan, average, cosine_similarity, mix, row_softmax
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.disengcn import ROUTING_KERNELS, DisenGCN, routing_layer_split
 from ..nn.hvgae import (
     RECON_METHODS,
@@ -67,9 +71,7 @@ from ..nn.hvgae import (
     resolve_recon_method,
     standard_prior_loss,
 )
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
-from .mixing import average, cosine_similarity, mix, row_softmax
-from .options import Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer, evaluation_metrics
 
 if TYPE_CHECKING:
@@ -512,3 +514,6 @@ class FedIIHAggregator(Aggregator):
                 float(similarity[k][off_diag].mean()) if num_clients > 1 else 1.0)
             metrics[f"beta-self-mean.{k}"] = float(np.diag(beta[k]).mean())
         return metrics
+
+
+ALGORITHM = Algorithm("fediih", FedIIHTrainer, FedIIHAggregator, FedIIHOptions)

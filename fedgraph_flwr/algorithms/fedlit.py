@@ -103,10 +103,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.mixing import average, cosine_similarity
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.multichannel_gcn import CHANNEL_CONVS, CHANNEL_PREFIX, SHARED_PREFIXES, MultiChannelGCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
-from .mixing import average, cosine_similarity
-from .options import Options, option
+from .base import Aggregator
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel, SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -463,3 +465,6 @@ class FedLitAggregator(Aggregator):
         ids = np.asarray(state["map_ids"]).reshape(-1).tolist()
         maps = np.asarray(state["maps"], dtype=np.int64)
         self.maps = {int(c): maps[i].copy() for i, c in enumerate(ids)}
+
+
+ALGORITHM = Algorithm("fedlit", FedLitTrainer, FedLitAggregator, FedLitOptions)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch_geometric.data import Data
 
-from .base import Arrays
+from ..core.options import Options
+from ..core.phases import Arrays
+from ..core.registry import Algorithm
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import Options
 
 if TYPE_CHECKING:
     from ..config import ClientConfig
@@ -59,3 +60,6 @@ class FedPerAggregator(FedAvgAggregator):
     """FedAvg over the uploaded (body) arrays; heads never reach the server."""
 
     options_class = FedPerOptions
+
+
+ALGORITHM = Algorithm("fedper", FedPerTrainer, FedPerAggregator, FedPerOptions)

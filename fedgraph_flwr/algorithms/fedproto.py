@@ -41,9 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.gcn import GCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
-from .options import Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -217,3 +219,6 @@ class FedProtoAggregator(Aggregator):
         payload = {PROTOTYPES_KEY: global_prototypes.astype(np.float32)}
         return AggregateResult(payloads={c: payload for c in self.client_ids},
                                metrics={"prototype-norm": float(np.linalg.norm(global_prototypes))})
+
+
+ALGORITHM = Algorithm("fedproto", FedProtoTrainer, FedProtoAggregator, FedProtoOptions)

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Arrays
+from ..core.options import Options, option
+from ..core.phases import Arrays
+from ..core.registry import Algorithm
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import Options, option
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,6 @@ class FedProxAggregator(FedAvgAggregator):
     """The FedProx server is FedAvg; a named subclass keeps logs and registry readable."""
 
     options_class = FedProxOptions
+
+
+ALGORITHM = Algorithm("fedprox", FedProxTrainer, FedProxAggregator, FedProxOptions)

@@ -46,10 +46,12 @@ from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from ..core.mixing import MixingPlan, cosine_similarity, mix, row_softmax
+from ..core.options import ConfigError, Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.masked import MaskedGCNConv, MaskedLinear, fedpub_xavier_
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate, MixingPlan
-from .mixing import cosine_similarity, mix, row_softmax
-from .options import ConfigError, Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -296,3 +298,6 @@ class FedPubAggregator(Aggregator):
             metrics={"mean-similarity": float(off_diag.mean()) if off_diag.size else 1.0,
                      "mean-self-weight": float(np.diag(weights).mean())},
         )
+
+
+ALGORITHM = Algorithm("fedpub", FedPubTrainer, FedPubAggregator, FedPubOptions)

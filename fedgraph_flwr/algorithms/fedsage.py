@@ -103,11 +103,13 @@ from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, remove_self_loops
 
+from ..core.mixing import average
+from ..core.options import Options, option
+from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.registry import Algorithm
 from ..nn.neighgen import CONVS, NeighGen
 from ..nn.sage_classifier import SageClassifier
-from .base import TRAIN_PHASE, AggregateResult, Aggregator, Arrays, ClientUpdate, Phase, PhaseReply
-from .mixing import average
-from .options import Options, option
+from .base import Aggregator
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -845,3 +847,6 @@ class FedSageAggregator(Aggregator):
                                 [updates[c].arrays for c in ids], self.mix_dtype)
         clients = sorted(set(self.client_ids) | set(updates))
         return AggregateResult(payloads={c: global_arrays for c in clients})
+
+
+ALGORITHM = Algorithm("fedsage", FedSageTrainer, FedSageAggregator, FedSageOptions)

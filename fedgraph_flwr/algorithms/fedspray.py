@@ -71,12 +71,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.data import Data
 
+from ..config import resolve_metric
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.fedspray_encoder import FeatureStructureEncoder
 from ..nn.personal_gnn import BACKBONES, PersonalGNN
-from .base import AggregateResult, Aggregator, Arrays, ClientTrainer, ClientUpdate
+from .base import Aggregator, ClientTrainer
 from .fedavg import weighted_average
-from .options import Options, option
-from .supervised import evaluation_metrics, resolve_metric
+from .supervised import evaluation_metrics
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
@@ -417,3 +420,6 @@ class FedSprayAggregator(Aggregator):
         """Restore :meth:`state_dict`."""
         if "proxies" in state:
             self.proxies = np.asarray(state["proxies"], dtype=np.float32)
+
+
+ALGORITHM = Algorithm("fedspray", FedSprayTrainer, FedSprayAggregator, FedSprayOptions)

@@ -52,6 +52,9 @@ import torch
 from torch import nn
 from torch_geometric.data import Data
 
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.fedstar_net import (
     ENCODINGS,
     FEATURE_CONVS,
@@ -60,9 +63,8 @@ from ..nn.fedstar_net import (
     encoding_width,
     structure_encoding,
 )
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import Aggregator
 from .fedavg import weighted_average
-from .options import Options, option
 from .supervised import SupervisedTrainer
 
 if TYPE_CHECKING:
@@ -156,3 +158,6 @@ class FedStarAggregator(Aggregator):
         # One global structure branch: every client (also one that sat this round out) gets it.
         clients = sorted(set(self.client_ids) | set(updates))
         return AggregateResult(payloads={c: shared for c in clients})
+
+
+ALGORITHM = Algorithm("fedstar", FedStarTrainer, FedStarAggregator, FedStarOptions)

@@ -57,11 +57,13 @@ import torch.nn.functional as F
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_self_loops
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.fedtad_generator import ConditionalGenerator, knn_pseudo_graph
 from ..nn.gcn import GCN
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from .base import Aggregator
 from .fedavg import GCNTrainer, client_weights
-from .options import ConfigError, Options, option
 from .supervised import EVALUATE_POINTS, EvaluatesReceivedModel
 
 if TYPE_CHECKING:
@@ -360,3 +362,5 @@ class FedTADAggregator(Aggregator):
         self.model_optimizer.load_state_dict(state["model_adam"])
         self.generator_optimizer.load_state_dict(state["generator_adam"])
 
+
+ALGORITHM = Algorithm("fedtad", FedTADTrainer, FedTADAggregator, FedTADOptions)

@@ -44,9 +44,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
+from .base import Aggregator
 from .fedproto import PROTOTYPES_KEY, FedProtoTrainer
-from .options import Options, option
 from .supervised import evaluation_metrics
 
 if TYPE_CHECKING:
@@ -227,3 +229,6 @@ class FedTGPAggregator(Aggregator):
         """Restore :meth:`state_dict`."""
         self.tgp.load_state_dict(state["tgp"])
         self.adam.load_state_dict(state["adam"])
+
+
+ALGORITHM = Algorithm("fedtgp", FedTGPTrainer, FedTGPAggregator, FedTGPOptions)

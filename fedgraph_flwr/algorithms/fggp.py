@@ -92,11 +92,12 @@ from sklearn.neighbors import kneighbors_graph
 from torch import nn
 from torch_geometric.utils import coalesce
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
 from ..nn.dense_adjacency_gcn import DenseAdjacencyGCN, gumbel_row_softmax, raw_adjacency
 from ..nn.pmlp_gcn import PMLPGCN, gcn_propagation, row_normalised
-from .base import AggregateResult, Arrays, ClientUpdate
 from .fedavg import FedAvgAggregator, weighted_average
-from .options import ConfigError, Options, option
 from .supervised import OPTIMIZERS, EvaluatesReceivedModel, SupervisedTrainer, evaluation_metrics
 
 if TYPE_CHECKING:
@@ -557,3 +558,5 @@ class FGGPAggregator(FedAvgAggregator):
         self.queue_labels = np.asarray(state["queue_labels"], np.int64).copy()
         self.queue_index = int(state["queue_index"])
 
+
+ALGORITHM = Algorithm("fggp", FGGPTrainer, FGGPAggregator, FGGPOptions)

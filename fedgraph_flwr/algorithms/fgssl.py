@@ -60,10 +60,11 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, dropout_edge, remove_self_loops, scatter
 from torch_geometric.utils import softmax as edge_softmax
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import Arrays
+from ..core.registry import Algorithm
 from ..nn.gcn import GCN
-from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
     from torch import nn
@@ -264,3 +265,6 @@ class FGSSLAggregator(FedAvgAggregator):
         if config.gnn != "gcn" or config.num_layers < 2:
             raise ConfigError("fgssl contrasts a GCN's hidden layer: it needs gnn=gcn and "
                               f"num-layers >= 2 (got gnn={config.gnn}, num-layers={config.num_layers})")
+
+
+ALGORITHM = Algorithm("fgssl", FGSSLTrainer, FGSSLAggregator, FGSSLOptions)

@@ -37,10 +37,12 @@ import networkx as nx
 import numpy as np
 import torch
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from ..core.mixing import cosine_similarity
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
+from .base import Aggregator
 from .fedavg import GCNTrainer
-from .mixing import cosine_similarity
-from .options import Options, option
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
@@ -241,3 +243,6 @@ class GCFLAggregator(Aggregator):
         self.clusters = [[int(c) for c in np.asarray(m).ravel()] for m in state["clusters"]]
         self.sent = {int(c): {n: np.asarray(v) for n, v in a.items()} for c, a in state["sent"].items()}
         self.seqs = {int(c): [float(x) for x in np.asarray(s).ravel()] for c, s in state["seqs"].items()}
+
+
+ALGORITHM = Algorithm("gcfl", GCFLTrainer, GCFLAggregator, GCFLOptions)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from ..core.options import Options
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
+from .base import Aggregator
 from .fedavg import GCNTrainer
-from .options import Options
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,6 @@ class LocalAggregator(Aggregator):
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """An empty payload for every client."""
         return AggregateResult(payloads={c: {} for c in updates})
+
+
+ALGORITHM = Algorithm("local", LocalTrainer, LocalAggregator, LocalOptions)

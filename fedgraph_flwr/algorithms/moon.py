@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ..core.options import ConfigError, Options, option
+from ..core.phases import Arrays
+from ..core.registry import Algorithm
 from ..nn.gcn import GCN
-from .base import Arrays
 from .fedavg import FedAvgAggregator, GCNTrainer
-from .options import ConfigError, Options, option
 
 if TYPE_CHECKING:
     from ..config import ClientConfig, RunConfig
@@ -147,3 +148,6 @@ class MOONAggregator(FedAvgAggregator):
         if config.gnn != "gcn" or config.num_layers < 2:  # refused before round 1, as FGSSL's
             raise ConfigError("moon contrasts the last hidden layer of a GCN: gnn=gcn and "
                               "num-layers >= 2")
+
+
+ALGORITHM = Algorithm("moon", MOONTrainer, MOONAggregator, MOONOptions)

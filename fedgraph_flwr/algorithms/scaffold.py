@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .base import AggregateResult, Aggregator, Arrays, ClientUpdate
+from ..core.options import Options, option
+from ..core.phases import AggregateResult, Arrays, ClientUpdate
+from ..core.registry import Algorithm
+from .base import Aggregator
 from .fedavg import GCNTrainer, client_weights
-from .options import Options, option
 from .supervised import OPTIMIZERS, ChoosesOptimizer
 
 if TYPE_CHECKING:
@@ -193,3 +195,6 @@ class ScaffoldAggregator(Aggregator):
         """Restore :meth:`state_dict`."""
         self.model = {n: np.asarray(v, np.float64) for n, v in state["model"].items()}
         self.control = {n: np.asarray(v, np.float64) for n, v in state["control"].items()}
+
+
+ALGORITHM = Algorithm("scaffold", ScaffoldTrainer, ScaffoldAggregator, ScaffoldOptions)

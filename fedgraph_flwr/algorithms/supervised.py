@@ -8,12 +8,9 @@ by the server), :meth:`extra_loss` (proximal or sparsity terms) and
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import functools
 import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,16 +19,14 @@ from torch import nn
 from torch_geometric.data import Data
 from torch_geometric.utils import to_torch_csr_tensor
 
+from ..config import resolve_metric
+from ..core.bases import state_will_follow
+from ..core.phases import Arrays
 from ..metrics import pooled_counts, score
-from .base import Arrays, ClientTrainer
+from .base import ClientTrainer
 
 if TYPE_CHECKING:
     from ..config import ClientConfig
-
-# Set while a trainer is built only to receive a saved state (restore_trainer): its
-# model's random initial values would be overwritten at once, so trainers that allow it
-# allocate the model uninitialised instead.
-_STATE_FOLLOWS = contextvars.ContextVar("fedgraph_state_follows", default=False)
 
 @functools.lru_cache(maxsize=16)
 def _cached_meta_model(cls: type[SupervisedTrainer], num_features: int, num_classes: int,
@@ -53,16 +48,6 @@ _SPARE_MODELS: dict[tuple[Any, ...], nn.Module] = {}
 _GRAPH_CACHES = ("_cached_edge_index", "_cached_adj_t", "_cached_transpose")
 
 
-@contextlib.contextmanager
-def state_follows() -> Iterator[None]:
-    """Within: trainers with ``restore_without_init`` skip their model's initialisation."""
-    token = _STATE_FOLLOWS.set(True)
-    try:
-        yield
-    finally:
-        _STATE_FOLLOWS.reset(token)
-
-
 #: A client with at least this many nodes gives a model that declares
 #: ``accepts_sparse_adjacency`` a CSR adjacency instead of ``edge_index``: each layer is
 #: then one sparse-dense product instead of an [E, d] message tensor, the same sums in
@@ -71,13 +56,6 @@ def state_follows() -> Iterator[None]:
 #: the same distribution, another random stream). Every published figure except the
 #: ogbn-arxiv-size benchmark's comes from smaller clients, so none moves.
 SPARSE_ADJACENCY_MIN_NODES = 4097
-
-
-def resolve_metric(metric: str, num_classes: int) -> str:
-    """``metric=auto`` means ROC-AUC for binary tasks, accuracy otherwise."""
-    if metric == "auto":
-        return "roc_auc" if num_classes == 2 else "accuracy"
-    return metric
 
 
 def evaluation_metrics(logits: torch.Tensor, data: Data, metric: str,
@@ -107,9 +85,10 @@ class SupervisedTrainer(ClientTrainer):
     """Adam on cross-entropy over the client's training nodes, full batch."""
 
     local_keys: tuple[str, ...] = ()
-    #: Under :func:`state_follows`, allocate the model without initialising it. Only for
-    #: trainers whose saved state holds every parameter and buffer of the model and whose
-    #: construction draws no other random numbers (the round re-seeds before training).
+    #: Under :func:`~fedgraph_flwr.core.bases.state_follows`, allocate the model without
+    #: initialising it. Only for trainers whose saved state holds every parameter and buffer
+    #: of the model and whose construction draws no other random numbers (the round re-seeds
+    #: before training).
     restore_without_init: bool = False
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
@@ -117,7 +96,7 @@ class SupervisedTrainer(ClientTrainer):
         # Same seed everywhere: every client (and the server) builds the same initial model.
         torch.manual_seed(config.seed)
         self._spare_key: tuple[Any, ...] | None = None
-        if self.restore_without_init and _STATE_FOLLOWS.get():
+        if self.restore_without_init and state_will_follow():
             self._spare_key = self._model_key(data.num_features, num_classes, config, device)
             model = _SPARE_MODELS.pop(self._spare_key, None) if self._spare_key else None
             if model is None:

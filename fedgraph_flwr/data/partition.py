@@ -53,6 +53,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
 from ..atomic import file_lock
+from ..config import METIS_LIBRARIES
 from . import files, noniid
 from .datasets import (
     _not_available,
@@ -95,9 +96,6 @@ def csr_adjacency(edge_index: torch.Tensor, num_nodes: int) -> tuple[np.ndarray,
     xadj = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(row, minlength=num_nodes), out=xadj[1:])
     return xadj, col
-
-
-METIS_LIBRARIES = ("pymetis", "system")
 
 
 def metis_membership(edge_index: torch.Tensor, num_nodes: int, num_parts: int,

@@ -3,7 +3,7 @@
 The server holds the public CKKS context only (:func:`~fedgraph_flwr.secure_aggregation.
 load_public_context` refuses one with a secret key). Each client's train upload is the
 ciphertext chunks of its float arrays (wire form: :mod:`fedgraph_flwr.secure_aggregation`);
-the aggregator's :class:`~fedgraph_flwr.algorithms.base.MixingPlan`, computed from
+the aggregator's :class:`~fedgraph_flwr.core.mixing.MixingPlan`, computed from
 signatures and sample counts in the clear, says with which weights; client ``i``'s
 payload is then, chunk by chunk, ``Σ_j w_ij · Enc(θ_j)`` (a plaintext-scalar, or for a
 per-element group a plaintext-vector, multiplication and additions), which only a
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..algorithms.base import Arrays, ClientUpdate, MixingPlan
+from ..core.mixing import MixingPlan
+from ..core.phases import Arrays, ClientUpdate
 from ..secure_aggregation import chunk_sizes, cipher_key, is_encrypted
 
 if TYPE_CHECKING:

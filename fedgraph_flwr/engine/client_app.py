@@ -5,7 +5,7 @@ Messages handled:
 - ``query`` (handshake): in ``config`` the run config; out ``info``
   (ConfigRecord of scalar facts: partition-id, num-nodes, num-features, ...).
 - ``train`` (the train phase) and ``train.<phase>`` (every other phase an algorithm
-  declares, :mod:`fedgraph_flwr.algorithms.base`): in ``arrays`` (this client's
+  declares, :mod:`fedgraph_flwr.core.bases`): in ``arrays`` (this client's
   request: its personalized payload for train) and ``config``; out ``arrays``
   (uploaded parameters) and ``metrics`` (metrics, timings, signature).
 
@@ -18,19 +18,21 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from torch_geometric.data import Data
 
-from ..algorithms import ALGORITHMS, get_algorithm
-from ..algorithms.base import TRAIN, Phase
 from ..config import ClientConfig, ConfigError
+from ..core.phases import TRAIN, Phase
+from ..core.registry import ALGORITHMS, get_algorithm
 from ..threshold_ckks import PHASES as THRESHOLD_PHASES
 from . import client_runtime as rt
 from .contract import ERROR_DATA, ERROR_DATA_ROOT, ERROR_MEMORY, ERROR_TRAIN
 from .records import array_to_bytes, bytes_to_array, content_arrays, content_scalars, reply_content
+
+if TYPE_CHECKING:  # loaded with the client's data, not with this module
+    from torch_geometric.data import Data
 
 STATE_KEY = "fedgraph-state"
 

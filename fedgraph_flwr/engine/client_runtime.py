@@ -16,22 +16,24 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
 
 from .. import secure_aggregation as secure
-from ..algorithms import get_algorithm
-from ..algorithms.base import TRAIN, Arrays, Phase
-from ..algorithms.supervised import state_follows
 from ..config import ClientConfig, ClientSettings, ConfigError
+from ..core.bases import state_follows
+from ..core.phases import TRAIN, Arrays, Phase
+from ..core.registry import ALGORITHMS, get_algorithm
 from ..privacy import counts as privacy_counts
 from ..privacy import scope as privacy_scope
 from ..privacy.mechanism import NOISE_KEY_ENV, Mechanism, noise_key_words
 from . import state_codec
 from .contract import TRAIN_POSITION, data_root_reason, peak_rss_mib, state_position
+
+if TYPE_CHECKING:  # loaded with the client's data, not with this module
+    from torch_geometric.data import Data
 
 # Subgraphs stay loaded between rounds in a long-lived client process (Ray actor,
 # SuperNode): reading and validating the file once is enough.
@@ -179,8 +181,6 @@ def load_client_data(identity: ClientIdentity, config: ClientSettings) -> tuple[
 
 
 def _reads_halo(algorithm: str) -> bool:
-    from ..algorithms import ALGORITHMS
-
     algo = ALGORITHMS.get(algorithm)
     return algo is not None and algo.trainer.reads_halo
 

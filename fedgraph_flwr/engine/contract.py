@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import resource
 
-from ..algorithms import get_algorithm
-from ..algorithms.base import TRAIN, Phase
 from ..config import ClientSettings
+from ..core.phases import TRAIN, Phase
+from ..core.registry import get_algorithm
 
 # The codes of a ClientApp's error reply (client_app.py sends them, the server reads them).
 ERROR_DATA = 4001  # the client's subgraph is missing, unreadable or invalid

@@ -2,7 +2,7 @@
 
 Why not a Flower ``Strategy``: a Strategy's round is one train and one evaluate
 exchange of a single global ``ArrayRecord``; ours is the algorithm's ordered phases
-(:mod:`fedgraph_flwr.algorithms.base`), each sending every client its own arrays, and
+(:mod:`fedgraph_flwr.core.bases`), each sending every client its own arrays, and
 it must run the same way without Flower (in process). So the ServerApp's ``main``
 hands its ``Grid`` to a transport and this driver runs over it: Flower's public
 ``Grid`` and ``Message`` API is all the server side uses.
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..algorithms.base import AggregateResult, Phase
 from ..config import RunConfig
+from ..core.phases import AggregateResult, Phase
 from .federation import Federation
 from .recorder import nbytes
 from .transport import ClientReply, Exchange, Transport

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms import get_algorithm
-from ..algorithms.base import AggregateResult, Arrays, ClientUpdate, Phase
 from ..config import ClientConfig, RunConfig
+from ..core.phases import AggregateResult, Arrays, ClientUpdate, Phase
+from ..core.registry import get_algorithm
 from ..privacy import counts as privacy_counts
-from ..secure_aggregation import check_method, load_public_context, public_context_path
+from ..secure_aggregation import load_public_context, public_context_path
 from .ckks_mixing import CiphertextMixer
 from .ledger import ClientStateLedger
 from .privacy_budget import PrivacyBudget
@@ -71,7 +71,6 @@ class Federation:
         if self.config.secure_aggregation == "ckks-threshold":
             from ..threshold_ckks.server import ThresholdAggregator
 
-            check_method(self.config)
             self.threshold = ThresholdAggregator(self.aggregator, self.client_ids, self.initial,
                                                  self.payloads)
             self.aggregator = self.threshold  # type: ignore[assignment]
@@ -96,7 +95,6 @@ class Federation:
         """secure-aggregation=ckks: the public context (never a secret one) and the mixer."""
         if self.config.secure_aggregation != "ckks":
             return None
-        check_method(self.config)
         return CiphertextMixer(load_public_context(public_context_path(self.config)),
                                self.initial)
 

@@ -18,8 +18,8 @@ from typing import Any, cast
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..algorithms.base import Phase
 from ..config import RunConfig
+from ..core.phases import Phase
 from .accelerate import bound_reply_pulls
 from .contract import ERROR_DATA_ROOT, missing_dataset
 from .driver import RunAborted

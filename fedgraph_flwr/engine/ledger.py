@@ -12,8 +12,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..algorithms.base import Phase
 from ..config import ClientConfig, RunConfig
+from ..core.phases import Phase
 from .contract import state_position, state_position_tag
 
 

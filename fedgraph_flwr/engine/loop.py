@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..algorithms.base import Phase
 from ..config import RunConfig, resolve_config
+from ..core.phases import Phase
 from ..secure_aggregation import ensure_run_keys
 from . import client_runtime as rt
 from .driver import RoundDriver

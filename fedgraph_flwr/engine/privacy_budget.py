@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..algorithms.base import ClientTrainer, Phase
 from ..config import ConfigError, RunConfig
+from ..core.bases import ClientTrainer
+from ..core.phases import Phase
 from ..privacy import scope
 from ..privacy.accountant import BudgetError, PrivacyAccountant, calibrate
 from .transport import ClientReply

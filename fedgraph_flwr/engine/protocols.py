@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.supervised import resolve_metric
+from ..config import resolve_metric
 from .recorder import TEST, VAL, RoundLog
 
 POOLED_COUNTS = ("val_loss_sum", "val_count", "test_correct", "test_count",

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import Arrays
 from ..atomic import atomic_write
+from ..core.phases import Arrays
 
 # Metric keys every trainer reports; the headline figure uses these.
 VAL, TEST = "val_metric", "test_metric"

@@ -41,7 +41,7 @@ from typing import Any, cast
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from ..algorithms.base import Arrays
+from ..core.phases import Arrays
 from . import framing
 
 SIG, SIGSHAPE = "sig.", "sigshape."

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import Arrays, ClientUpdate, Phase
+from ..core.phases import Arrays, ClientUpdate, Phase
 from . import protocols
 from .transport import ClientReply
 

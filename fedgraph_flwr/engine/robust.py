@@ -47,8 +47,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..algorithms.base import Arrays, ClientUpdate, MixingPlan
 from ..config import ROBUST_ROW_RULES, ROBUST_RULES, robust_min_clients
+from ..core.mixing import MixingPlan
+from ..core.phases import Arrays, ClientUpdate
 
 #: A client's ``num-train`` weighs at most this many times the cohort's median.
 COUNT_CAP = 3.0

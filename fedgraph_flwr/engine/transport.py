@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.base import Arrays, Phase
 from ..config import ClientConfig, RunConfig
+from ..core.phases import Arrays, Phase
 
 
 @dataclass

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch_geometric.nn import SAGEConv, SGConv
 
+from ..config import BACKBONES  # the gnn key's choices: each is built here
 from .gcn import GCN, cached_gcn_conv
-
-BACKBONES = ("gcn", "sgc", "sage")
 
 
 class PersonalGNN(GCN):

@@ -13,7 +13,8 @@ server's accountant (:mod:`.accountant`) counts exactly those releases.
 
 from __future__ import annotations
 
-from ..algorithms.base import TRAIN, ClientTrainer, Phase
+from ..core.bases import ClientTrainer
+from ..core.phases import TRAIN, Phase
 
 DP_SCOPES = ("off", "signature", "client")
 

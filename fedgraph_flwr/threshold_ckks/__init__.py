@@ -31,7 +31,7 @@ says what colluding parties learn.
 
 from __future__ import annotations
 
-from ..algorithms.base import Phase
+from ..core.phases import Phase
 
 KEYGEN_LEAD = Phase("ckks_keygen_lead", "before-first-round")
 KEYGEN_SHARE = Phase("ckks_keygen_share", "before-first-round")

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..algorithms.options import ConfigError
+from ..core.options import ConfigError
 
 PYTHON_ENV = "FEDGRAPH_OPENFHE_PYTHON"
 THREADS_ENV = "FEDGRAPH_OPENFHE_THREADS"

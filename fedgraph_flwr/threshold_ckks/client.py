@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..algorithms.base import TRAIN, Arrays, Phase
 from ..config import ClientConfig
+from ..core.phases import TRAIN, Arrays, Phase
 from ..secure_aggregation import cipher_key, is_encrypted, parse_cipher_key
 from . import (
     CHANNEL,

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import AggregateResult, Aggregator, Arrays, ClientUpdate, Phase
-from ..algorithms.options import ConfigError
+from ..core.bases import Aggregator
+from ..core.options import ConfigError
+from ..core.phases import AggregateResult, Arrays, ClientUpdate, Phase
 from ..secure_aggregation import cipher_key
 from . import (
     CHANNEL,

@@ -20,10 +20,7 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Self
-
-if TYPE_CHECKING:
-    from ..config import RunConfig
+from typing import Any, ClassVar, Self
 
 OPTION_TYPES = (bool, int, float, str)
 
@@ -159,9 +156,10 @@ class Options:
     def check(self) -> None:
         """Checks beyond one field's choices or range; raise :meth:`invalid` to refuse."""
 
-    def check_run(self, config: RunConfig) -> None:
+    def check_run(self, config: Any) -> None:
         """Checks against the run's common keys (e.g. ``rounds``), made when the server's
-        :class:`~fedgraph_flwr.config.RunConfig` is built, before any client is contacted;
+        :class:`~fedgraph_flwr.config.RunConfig` (``config``, typed so by the subclass: the
+        configuration sits above this package) is built, before any client is contacted;
         raise :class:`ConfigError` to refuse."""
 
     def invalid(self, name: str, why: str) -> ConfigError:

@@ -1,4 +1,5 @@
-"""Server maths shared by the aggregators: similarity, softmax weights, mixing.
+"""A round's mixing as weights (:class:`MixingPlan`), and the server maths shared by the
+aggregators: similarity, softmax weights, mixing.
 
 Pure numpy. ``K`` is the number of clients; ``per_client`` is a sequence of K
 dicts name -> array (the clients' uploads, all with the same names and shapes),
@@ -8,7 +9,7 @@ in the order of the weights' rows and columns.
 - :func:`row_softmax`: W = softmax(scale · S) along the last axis.
 - :func:`mix`: personalized mixing, client k gets Σ_l W_kl · (client l's arrays).
 - :func:`average`: one global model, Σ_l w_l · (client l's arrays) (FedAvg).
-- :func:`apply_plan`: an aggregator's :class:`~.base.MixingPlan` applied in the clear
+- :func:`apply_plan`: an aggregator's :class:`MixingPlan` applied in the clear
   (what ``secure-aggregation=ckks`` computes on ciphertexts; tests compare the two).
 
 Floating arrays are mixed in ``dtype`` (``server-mix-dtype``: float64, or float32 for
@@ -26,19 +27,41 @@ and ``weights=None``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-if TYPE_CHECKING:
-    from .base import MixingPlan
-
-Arrays = dict[str, np.ndarray]
+from .phases import Arrays
 
 # Norms (GCFL's order: products of norms) are floored at this, so that a zero vector
 # has cosine 0 with everything instead of NaN.
 NORM_FLOOR = 1e-12
+
+
+@dataclass
+class MixingPlan:
+    """The train phase's mixing, as weights only: what ``aggregate`` computes, given
+    before any weight is seen (``secure-aggregation=ckks`` applies it to ciphertexts).
+
+    Client ``client_ids[i]`` receives, for every float array ``name`` it uploaded,
+    ``Σ_j matrices[g, i, j] · (client_ids[j]'s name)`` where ``g = groups.get(name, 0)``:
+    one matrix for the whole array, or an int array of the array's shape picking a
+    matrix per element (FedIIH's factor blocks). ``clear[c]`` are arrays sent to client
+    ``c`` beside its mixture, computed from signatures only (FedIIH's prior α̃).
+    ``diagnostics`` and ``metrics`` as in :class:`~.phases.AggregateResult`.
+    """
+
+    client_ids: list[int]  # rows and columns of every matrix, sorted
+    matrices: np.ndarray  # [G, K, K] float64, each row sums to 1
+    groups: dict[str, int | np.ndarray] = field(default_factory=dict)
+    clear: dict[int, Arrays] = field(default_factory=dict)
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def group_of(self, name: str) -> int | np.ndarray:
+        """The matrix index of array ``name``: an int, or an int array of its shape."""
+        return self.groups.get(name, 0)
 
 
 def cosine_similarity(vectors: np.ndarray, *, clip: bool = True,
