@@ -4,6 +4,8 @@ round's record, and the settings a run cannot honour refused in one line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -191,12 +193,12 @@ def test_krum_screens_an_algorithm_without_a_plan(tmp_path):
     assert _error({k: plain.payloads[0][k] for k in model}, {k: honest[k] for k in model}) > 5.0
 
 
-def test_an_overflowing_model_weighs_nothing_and_no_client_is_sent_nan(tmp_path):
-    """FED-PUB's server embeds each uploaded model: one scaled to 1e30 overflows to Inf and,
-    unguarded, made every row of the plan NaN (found by benchmarks/hostile_clients.py).
-    Without robust every client keeps last round's model; with it the attacker's column
-    weighs 0 and the honest clients mix as usual."""
-    for rule, expect_new in (("none", False), ("median", True)):
+def test_an_overflowing_model_is_similar_to_nobody_and_outvoted(tmp_path):
+    """FED-PUB's server embeds each uploaded model: one scaled to 1e30 overflowed to Inf and,
+    unguarded, made every row of the plan NaN (found by benchmarks/hostile_clients.py). Its
+    embedding now counts as zero (similar to nobody): without robust the honest clients get
+    a finite but poisoned mixture and the sender is named; with robust=median they do not."""
+    for rule in ("none", "median"):
         fed = _federation(tmp_path / rule, algorithm="fedpub", num_clients=5, robust=rule)
         rng = np.random.default_rng(3)
         replies = {}
@@ -206,10 +208,18 @@ def test_an_overflowing_model_weighs_nothing_and_no_client_is_sent_nan(tmp_path)
                       for k, v in fed.initial.items()}
             replies[c] = ClientReply(upload, {}, contract_metrics(**{"num-train": 10.0}))
         record = fed.complete_round(1, fed.client_ids, replies, {}, {})
-        assert not record.failures
-        for c in range(4):
-            assert (c in fed.payloads) == expect_new
-            if expect_new:
-                assert all(np.isfinite(v).all() for v in fed.payloads[c].values())
-            else:
-                assert record.robust[c] == "its new model was not finite: it keeps last round's"
+        assert not record.failures and list(record.robust) == [4]
+        honest = max(float(np.abs(v).max()) for c in range(4) for v in fed.payloads[c].values())
+        assert np.isfinite(honest) and (honest < 10.0) == (rule == "median")
+
+
+def test_a_client_whose_new_model_is_not_finite_keeps_its_last(tmp_path, monkeypatch):
+    fed = _federation(tmp_path, num_clients=3)
+    replies, _ = _honest_and_scaled(fed, 1.0)
+    inf = {k: np.full_like(v, np.inf) for k, v in fed.initial.items()}
+    plain = fed.aggregator.aggregate
+    monkeypatch.setattr(fed.aggregator, "aggregate", lambda r, u: replace(
+        plain(r, u), payloads={**plain(r, u).payloads, 0: inf}))
+    record = fed.complete_round(1, fed.client_ids, replies, {}, {})
+    assert record.robust == {0: "its new model was not finite: it keeps last round's"}
+    assert 0 not in fed.payloads and set(fed.payloads) == {1, 2}

@@ -261,9 +261,12 @@ class FedPubAggregator(Aggregator):
 
     @torch.no_grad()
     def functional_embedding(self, arrays: Arrays) -> np.ndarray:
-        """Mean over proxy nodes of the client model's last-conv output [hidden] (eval mode)."""
+        """Mean over proxy nodes of the client model's last-conv output [hidden] (eval mode);
+        zero where it overflows (a hostile model's, scaled round after round): similar to
+        no client, instead of a NaN that would spread to every row of the softmax."""
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-        return functional_embedding(self.model, self.proxy)
+        embedding = functional_embedding(self.model, self.proxy)
+        return embedding if np.isfinite(embedding).all() else np.zeros_like(embedding)
 
     def aggregate(self, server_round: int, updates: dict[int, ClientUpdate]) -> AggregateResult:
         """Personalized models mixed by the softmax of functional-embedding similarities."""
