@@ -33,7 +33,16 @@ import torch.nn.functional as F
 from fedgraph_flwr.algorithms import Options, unregister
 from fedgraph_flwr.algorithms.base import Aggregator
 from fedgraph_flwr.algorithms.fedavg import GCNTrainer
-from fedgraph_flwr.core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from fedgraph_flwr.core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 
 NAME = "phase-demo"
 
@@ -49,6 +58,14 @@ class PhaseDemoOptions(Options, prefix="phase-demo"):
 class PhaseDemoTrainer(GCNTrainer):
     options_class = PhaseDemoOptions
     phases = (LABEL_COUNTS, PROBE, TRAIN_PHASE)
+
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config) -> ReplySpec:
+        """label_counts: the training labels' counts [C]; probe: nothing."""
+        if phase == LABEL_COUNTS:
+            return ReplySpec({"counts": ArraySpec((num_classes,), "int64", low=0)})
+        return ReplySpec()
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         data = self.data

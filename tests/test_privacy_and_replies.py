@@ -15,6 +15,7 @@ from fedgraph_flwr.config import RunConfig, resolve_config
 from fedgraph_flwr.core.phases import ClientUpdate
 from fedgraph_flwr.engine import client_runtime as rt
 from fedgraph_flwr.engine.federation import Federation
+from fedgraph_flwr.engine.replies import ReplyValidator
 from fedgraph_flwr.engine.transport import ClientReply
 
 from helpers import contract_metrics, labelled_graph
@@ -91,6 +92,12 @@ def test_nothing_a_client_sends_scales_with_its_node_count(algorithm):
             sent[n] = rt.phase_round(_graph(n, n, halo), NUM_CLASSES, cfg, phase, request,
                                      state, 1, 0, torch.device("cpu"))
         small, large = sent[40], sent[400]
+        if phase.name != "train":  # each reply is what the trainer declares for it
+            spec = algo.trainer.phase_reply_spec(phase, request, NUM_FEATURES, NUM_CLASSES, cfg)
+            validator = ReplyValidator({}, {}, {0: {"num-nodes": 400}}, 1 << 30)
+            for reply in (small, large):
+                assert validator.check(0, ClientReply(reply.upload, reply.signature,
+                                                      reply.metrics), phase.name, spec) is None
         for part in ("upload", "signature"):
             a, b = getattr(small, part), getattr(large, part)
             assert set(a) == set(b), (phase, part)

@@ -96,7 +96,17 @@ from torch_geometric.data import Data
 
 from ..core.mixing import average
 from ..core.options import ConfigError, Options, option
-from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    MetricSpec,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 from ..core.registry import Algorithm
 from ..metrics import score
 from ..nn.adafgl_hete import HeteroPropagation
@@ -371,6 +381,27 @@ class AdaFGLTrainer(SupervisedTrainer):
         data = self.data
         return {GLOBAL_VAL: score(logits, data.y, data.val_mask, self.metric),
                 GLOBAL_TEST: score(logits, data.y, data.test_mask, self.metric)}
+
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfig) -> ReplySpec:
+        """extract: the node count (within the handshake's; not under dp=client) and the
+        received extractor's scores, and in step 1 the trained extractor's parameters, as
+        :meth:`build_model` makes them (built on the meta device: shapes only, no memory
+        and no draw from the random generator)."""
+        if phase != EXTRACT:
+            return ReplySpec()
+        scores = {GLOBAL_VAL: MetricSpec(0.0, 1.0, nan=True),
+                  GLOBAL_TEST: MetricSpec(0.0, 1.0, nan=True)}
+        if config.dp != "client":
+            scores[NODES_KEY] = MetricSpec(1.0, fact="num-nodes")
+        if config.server_round > config.options_of(AdaFGLOptions).rounds_step1:
+            return ReplySpec(metrics=scores)
+        with torch.device("meta"):
+            model = cls.build_model(num_features, num_classes, config)
+        return ReplySpec({k: ArraySpec(tuple(v.shape), str(v.dtype).removeprefix("torch."))
+                          for k, v in model.state_dict().items()
+                          if not any(f in k for f in cls.local_keys)}, scores)
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """Step 1 (federated extractor training) and the delivery of the chosen extractor."""

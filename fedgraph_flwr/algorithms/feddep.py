@@ -109,7 +109,7 @@ from torch_geometric.data import Data
 
 from ..core.mixing import MixingPlan
 from ..core.options import Options, option
-from ..core.phases import AggregateResult, Arrays, ClientUpdate, PhaseReply
+from ..core.phases import AggregateResult, Arrays, ArraySpec, ClientUpdate, PhaseReply
 from ..core.registry import Algorithm
 from ..nn.dec_clustering import dec_clusters
 from ..nn.feddep_classifier import BRANCHES, DepClassifier
@@ -293,6 +293,13 @@ class FedDEPTrainer(ChoosesOptimizer, GeneratorRelayTrainer):
     options: FedDEPOptions
     #: The paper's protocol relays generated neighbour embeddings and their gradients per node.
     per_node_arrays = frozenset({VECTORS, SLOTS, GRADS})
+
+    @classmethod
+    def sent_specs(cls, num_features: int, config: ClientConfig) -> dict[str, ArraySpec]:
+        """Generated embeddings [m, P, emb-dim] and counted slots [m] in 1..P."""
+        opts = config.options_of(FedDEPOptions)
+        return {VECTORS: ArraySpec(("m", opts.num_pred, opts.emb_dim), "float32"),
+                SLOTS: ArraySpec(("m",), "int64", low=1, high=opts.num_pred)}
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)

@@ -57,7 +57,16 @@ import torch
 from torch import nn
 
 from ..core.options import ConfigError, Options, option
-from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 from ..core.registry import Algorithm
 from ..nn.fedgcn_net import AggreGCN
 from ..nn.gcn import GCN
@@ -148,6 +157,16 @@ class FedGCNTrainer(ChoosesOptimizer, EvaluatesReceivedModel, SupervisedTrainer)
         """Score the received model (``before-train``), then train as FedAvg."""
         self.score_received_model()
         return super().train(epochs)
+
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfig) -> ReplySpec:
+        """neighbour_sums: hashed ids [n] and this client's share of A·X [n, F] (its nodes
+        and halo; nothing with fedgcn-hops=0); halo_sums: nothing."""
+        if phase != SUMS or config.options_of(FedGCNOptions).hops == 0:
+            return ReplySpec()
+        return ReplySpec({"node_hash": ArraySpec(("n",), "int64"),
+                          "sums": ArraySpec(("n", num_features), "float32")})
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """NEIGHBOUR_SUMS: hashed ids and this client's share of A·X; HALO_SUMS: keep A·X."""

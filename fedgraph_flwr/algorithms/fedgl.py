@@ -77,7 +77,16 @@ from torch_geometric.nn import GCNConv
 from torch_geometric.utils import add_remaining_self_loops, coalesce
 
 from ..core.options import ConfigError, Options, option
-from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 from ..core.registry import Algorithm
 from ..nn.gcn import GCN
 from .fedavg import FedAvgAggregator, GCNTrainer
@@ -280,6 +289,18 @@ class FedGLTrainer(GCNTrainer):
                              "partition cache has them; a subgraph file must include them, "
                              "or run with fedgl-node-ids=local")
         return hash_ids(self.data.global_id.cpu().numpy(), self.options.salt)
+
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfig) -> ReplySpec:
+        """predict, when asked: logits [n, C] (and hashed ids [n] with global node ids);
+        label: nothing."""
+        if phase != PREDICT or not request:
+            return ReplySpec()
+        specs = {"logits": ArraySpec(("n", num_classes), "float32")}
+        if config.options_of(FedGLOptions).node_ids == "global":
+            specs["node_hash"] = ArraySpec(("n",), "int64")
+        return ReplySpec(specs)
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """PREDICT: hashed ids and logits when asked; LABEL: keep the pseudo labels (and graph)."""

@@ -97,7 +97,16 @@ from torch import nn
 from torch_geometric.data import Data
 
 from ..core.options import Options, option
-from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 from ..core.registry import Algorithm
 from ..nn.fedgnn_net import FedGNNNet
 from .base import Aggregator
@@ -306,6 +315,17 @@ class FedGNNTrainer(SupervisedTrainer):
         return self.model(self.data.x, self.data.edge_index, self.virtual, self.virtual_edges)
 
     # --- the expansion's two legs ------------------------------------------------------------
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfig) -> ReplySpec:
+        """embed: hashed ids [n], hashed edges [2, e] and layer-1 embeddings [n, hidden]
+        (nothing with fedgnn-expand off); expand: nothing."""
+        if phase != EMBED or not config.options_of(FedGNNOptions).expand:
+            return ReplySpec()
+        return ReplySpec({"node_hash": ArraySpec(("n",), "int64"),
+                          "edge_hash": ArraySpec((2, "e"), "int64"),
+                          "embedding": ArraySpec(("n", config.hidden), "float32")})
+
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """EMBED: send hashed ids and layer-1 embeddings; EXPAND: take the foreign neighbours."""
         if phase == EMBED:

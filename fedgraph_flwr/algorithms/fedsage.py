@@ -105,7 +105,16 @@ from torch_geometric.utils import coalesce, remove_self_loops
 
 from ..core.mixing import average
 from ..core.options import Options, option
-from ..core.phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from ..core.phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ArraySpec,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 from ..core.registry import Algorithm
 from ..nn.neighgen import CONVS, NeighGen
 from ..nn.sage_classifier import SageClassifier
@@ -389,6 +398,27 @@ class GeneratorRelayTrainer(SupervisedTrainer):
             torch.manual_seed(seed)
             return self._generator_pass()
 
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfig) -> ReplySpec:
+        """In the generator rounds, gen_send: :meth:`sent_specs`; gen_grad: one gradient
+        for each vector this client was sent (float32, the vectors' shape); otherwise
+        nothing."""
+        opts: Any = config.options_of(cls.options_class)  # FedSage's or FedDEP's
+        if not in_generator_stage(config.server_round, opts.gen_rounds):
+            return ReplySpec()
+        if phase == GEN_SEND:
+            return ReplySpec(cls.sent_specs(num_features, config))
+        if phase == GEN_GRAD and VECTORS in request:
+            return ReplySpec({GRADS: ArraySpec(tuple(request[VECTORS].shape), "float32")})
+        return ReplySpec()
+
+    @classmethod
+    def sent_specs(cls, num_features: int, config: ClientConfig) -> dict[str, ArraySpec]:
+        """gen_send's arrays: the generated vectors [m, P, d] of m nodes with a counted slot,
+        and those counts [m] in 1..P."""
+        raise NotImplementedError
+
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """Pre-training and the federated generator phases (send, gradients, step)."""
         if phase == PRETRAIN:
@@ -473,6 +503,17 @@ class FedSageTrainer(GeneratorRelayTrainer):
     options: FedSageOptions
     #: The paper's protocol relays generated neighbour features and their gradients per node.
     per_node_arrays = frozenset({VECTORS, SLOTS, TRUE_COUNTS, GRADS})
+
+    @classmethod
+    def sent_specs(cls, num_features: int, config: ClientConfig) -> dict[str, ArraySpec]:
+        """Generated features [m, P, F], counted slots [m] in 1..P (and the true counts of
+        missing neighbours [m] in 0..P with random cross-client targets)."""
+        opts = config.options_of(FedSageOptions)
+        specs = {VECTORS: ArraySpec(("m", opts.num_pred, num_features), "float32"),
+                 SLOTS: ArraySpec(("m",), "int64", low=1, high=opts.num_pred)}
+        if opts.cross_targets == "random":
+            specs[TRUE_COUNTS] = ArraySpec(("m",), "int64", low=0, high=opts.num_pred)
+        return specs
 
     def __init__(self, data: Data, config: ClientConfig, num_classes: int, device: torch.device) -> None:
         super().__init__(data, config, num_classes, device)

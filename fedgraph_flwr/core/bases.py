@@ -35,7 +35,10 @@ client handler is the standard one::
 
 whose metrics are the round's record (the evaluation protocols read them) and
 whose uploads are checked against the initial model's schema before ``aggregate``.
-Other phases' replies are checked for finiteness and size only; their
+Other phases' replies are held to what the trainer declares for them
+(``ClientTrainer.phase_reply_spec``, from the request the server sent that client):
+exactly those arrays, each of its shape, dtype and range, finite, and the numbers its
+step reads, each in range; their
 server step keeps what it needs in the aggregator (and its ``state_dict`` for resume).
 Flower carries phase ``p`` as message type ``train.<p>`` (``train`` for the train
 phase): a ClientApp action, so Flower's own routing picks the handler.
@@ -59,7 +62,15 @@ import numpy as np
 
 from .mixing import MixingPlan
 from .options import ConfigError, Options
-from .phases import TRAIN_PHASE, AggregateResult, Arrays, ClientUpdate, Phase, PhaseReply
+from .phases import (
+    TRAIN_PHASE,
+    AggregateResult,
+    Arrays,
+    ClientUpdate,
+    Phase,
+    PhaseReply,
+    ReplySpec,
+)
 
 if TYPE_CHECKING:  # type-only: the engine loads this module without torch or PyG
     import torch
@@ -182,6 +193,16 @@ class ClientTrainer(ABC, Generic[ClientConfigT]):
         to what some client sent first. A trainer that overrides :meth:`signature`
         declares it here (a test compares the two for every registered algorithm)."""
         return {}
+
+    @classmethod
+    def phase_reply_spec(cls, phase: Phase, request: Arrays, num_features: int,
+                         num_classes: int, config: ClientConfigT) -> ReplySpec:
+        """What a reply to the non-train ``phase`` carries, given ``request`` (what the server
+        sent that client) and ``config`` (the round's): the server rejects any other layout
+        before its step (engine/replies.py), so no client can end a run by a reply's
+        shape. A trainer whose phase replies carry arrays, or numbers its aggregator reads,
+        declares them here (a test holds every registered algorithm's real replies to it)."""
+        return ReplySpec()
 
     def run_phase(self, phase: Phase, arrays: Arrays) -> PhaseReply:
         """Handle a non-train phase's request (``arrays`` from ``Aggregator.configure``)."""

@@ -6,6 +6,7 @@ contract). Plain dataclasses over numpy arrays: neither Flower nor torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +49,41 @@ def check_phases(phases: tuple[Phase, ...]) -> None:
         raise ValueError(f"phase names repeat: {names}")
     if not phases or phases[-1] != TRAIN_PHASE:
         raise ValueError(f"the last phase must be Phase('train'), got {names}")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of a reply to a non-train phase.
+
+    ``shape``: an int is that length; a str is a length the server cannot know (the
+    client's node or edge count), shared by every array of the same reply that names it.
+    ``dtype``: numpy's name. ``low``/``high``: the inclusive range of an integer array.
+    """
+
+    shape: tuple[int | str, ...]
+    dtype: str
+    low: int | None = None
+    high: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One number a reply to a non-train phase must carry: in [``low``, ``high``], NaN
+    only where ``nan``; ``fact``: a handshake fact of the same client that bounds it."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    nan: bool = False
+    fact: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """What a reply to a non-train phase carries (``ClientTrainer.phase_reply_spec``):
+    exactly ``arrays`` (none when empty), and at least ``metrics``."""
+
+    arrays: dict[str, ArraySpec] = field(default_factory=dict)
+    metrics: dict[str, MetricSpec] = field(default_factory=dict)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ClientConfig, RunConfig
-from ..core.phases import AggregateResult, Arrays, ClientUpdate, Phase
+from ..core.phases import AggregateResult, Arrays, ClientUpdate, Phase, ReplySpec
 from ..core.registry import get_algorithm
 from ..privacy import counts as privacy_counts
 from ..secure_aggregation import load_public_context, public_context_path
@@ -65,6 +65,7 @@ class Federation:
             self.config if self.privacy is None else self.privacy.config, self.client_ids,
             self.initial)
         self.payloads: dict[int, Arrays] = {}
+        self.phase_requests: dict[str, dict[int, Arrays]] = {}  # each phase's last requests
         self.mixer = self._ciphertext_mixer()
         # --- secure-aggregation=ckks-threshold (fedgraph_flwr/threshold_ckks/server.py) ---
         self.threshold = None
@@ -148,6 +149,7 @@ class Federation:
             if set(arrays) != set(clients):
                 raise RuntimeError(f"{type(self.aggregator).__name__}.configure({phase.name!r}) "
                                    f"answered for {sorted(arrays)}, asked for {clients}")
+            self.phase_requests[phase.name] = arrays  # what its replies are checked against
         config = self.client_config(server_round)
         return {c: ClientRequest(a, self.ledger.config_for(c, config)) for c, a in arrays.items()}
 
@@ -185,10 +187,21 @@ class Federation:
     def phase_step(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
                    failures: dict[int, str]) -> AggregateResult | None:
         """A non-train phase's server step over its valid replies."""
-        updates = self.validator.valid_updates(phase, server_round, replies, failures)
+        updates = self.validator.valid_updates(phase, server_round, replies, failures,
+                                               self._phase_specs(phase, server_round))
         if self.threshold is not None:  # ckks-threshold: its own phases' deeper checks
             updates = self.threshold.check_phase(phase, updates, failures)
         return self.aggregator.step(phase, server_round, updates)
+
+    def _phase_specs(self, phase: Phase, server_round: int) -> Callable[[int], ReplySpec] | None:
+        """Each client's declared reply to one of the algorithm's phases, from what it was
+        sent (None for the engine's own ckks-threshold phases, which their step checks)."""
+        if phase not in self.algo.trainer.phases:
+            return None
+        sent = self.phase_requests.get(phase.name, {})
+        trainer, client = self.algo.trainer, self.client_config(server_round)
+        return lambda cid: trainer.phase_reply_spec(phase, sent.get(cid, {}), self.num_features,
+                                                    self.num_classes, client)
 
     def complete_round(
         self,

@@ -2,7 +2,10 @@
 
 Every schema a reply is held to is the server's own, never a reply's: the train
 upload's names, shapes and dtypes are the initial model's; the signature's names and
-shapes are what the algorithm declares (``ClientTrainer.signature_shapes``); every
+shapes are what the algorithm declares (``ClientTrainer.signature_shapes``); a non-train
+phase's arrays are what the trainer declares for the request the server sent
+(``ClientTrainer.phase_reply_specs``: names, shapes up to the node counts the server
+cannot know, dtypes and integer ranges); every
 count a reply carries is bounded by what that client declared at the handshake
 (``num-train`` by its ``num-train``, ``test_count`` by its ``num-test``, ...); every
 number is finite and in its range; every array is bounded (``max-array-bytes``). A
@@ -18,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.phases import Arrays, ClientUpdate, Phase
+from ..core.phases import Arrays, ClientUpdate, Phase, ReplySpec
 from . import protocols
 from .transport import ClientReply
 
@@ -60,11 +63,19 @@ class ReplyValidator:
         # weighs 1 where the aggregator weighs by training nodes.
         self.withheld = withheld
 
-    def check(self, cid: int, reply: ClientReply, phase: str = "train") -> str | None:
-        """Why client ``cid``'s reply must be rejected, or None."""
+    def check(self, cid: int, reply: ClientReply, phase: str = "train",
+              spec: ReplySpec | None = None) -> str | None:
+        """Why client ``cid``'s reply must be rejected, or None. ``spec``: a non-train
+        phase's declared reply (None: an engine phase whose own step checks more, as
+        ckks-threshold's; then size, dtype kind and finiteness only)."""
         train = phase == "train"
         if train and self.ciphertexts is not None:
             reason = self._check_ciphertexts(reply.upload)
+        elif spec is not None and not train:
+            reason = (self._check_phase_arrays(reply.upload, spec)
+                      or self._check_phase_metrics(cid, reply.metrics, spec))
+            if reason is None and reply.signature:
+                reason = f"a signature in phase {phase!r}, which carries none"
         else:
             reason = self._check_arrays(reply.upload, train)
         return (reason or self._check_signature(reply.signature, train)
@@ -92,6 +103,59 @@ class ReplyValidator:
                 return f"array {name!r} has dtype {arr.dtype}, not a number type"
             if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                 return f"array {name!r} holds NaN or Inf"
+        return None
+
+    def _check_phase_arrays(self, upload: Arrays, spec: ReplySpec) -> str | None:
+        """A non-train reply: exactly the declared arrays, each of its declared dtype and
+        shape (a named length the same across the reply's arrays), integers in range,
+        floats finite."""
+        specs = spec.arrays
+        if set(upload) != set(specs):
+            missing = sorted(set(specs) - set(upload))
+            extra = sorted(set(upload) - set(specs))
+            return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
+        lengths: dict[str, int] = {}
+        for name, arr in sorted(upload.items()):
+            if not isinstance(arr, np.ndarray):
+                return f"array {name!r} is a {type(arr).__name__}, not an array"
+            if arr.nbytes > self.max_array_bytes:
+                return (f"array {name!r} is {arr.nbytes} bytes, over "
+                        f"max-array-bytes={self.max_array_bytes}")
+            declared = specs[name]
+            if arr.dtype != np.dtype(declared.dtype):
+                return f"array {name!r} has dtype {arr.dtype}, expected {declared.dtype}"
+            expected = tuple(lengths.get(d, d) if isinstance(d, str) else d for d in declared.shape)
+            fits = arr.ndim == len(declared.shape) and all(
+                isinstance(want, str) or got == want for got, want in zip(arr.shape, expected))
+            if not fits:
+                return f"array {name!r} has shape {arr.shape}, expected {expected}"
+            for got, want in zip(arr.shape, declared.shape):
+                if isinstance(want, str):
+                    lengths.setdefault(want, got)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                return f"array {name!r} holds NaN or Inf"
+            if arr.size and declared.low is not None and int(arr.min()) < declared.low:
+                return f"array {name!r} holds {int(arr.min())}, below {declared.low}"
+            if arr.size and declared.high is not None and int(arr.max()) > declared.high:
+                return f"array {name!r} holds {int(arr.max())}, above {declared.high}"
+        return None
+
+    def _check_phase_metrics(self, cid: int, metrics: Mapping[str, float], spec: ReplySpec
+                             ) -> str | None:
+        """A non-train reply's declared numbers: present, in range, NaN only where allowed,
+        within the client's handshake fact where one bounds them."""
+        for key, want in spec.metrics.items():
+            value = metrics.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return f"metric {key!r} missing (phase replies carry it)"
+            if math.isnan(value):
+                if want.nan:
+                    continue
+                return f"metric {key!r} is NaN"
+            high = min(want.high, self.facts.get(cid, {}).get(want.fact, math.inf)
+                       if want.fact else math.inf)
+            if not want.low <= value <= high:
+                return f"metric {key!r} is {value:g}, outside [{want.low:g}, {high:g}]"
         return None
 
     def _check_ciphertexts(self, upload: Arrays) -> str | None:
@@ -162,11 +226,14 @@ class ReplyValidator:
         return None
 
     def valid_updates(self, phase: Phase, server_round: int, replies: dict[int, ClientReply],
-                      failures: dict[int, str]) -> dict[int, ClientUpdate]:
-        """The replies that pass :meth:`check`; the others go into ``failures``."""
+                      failures: dict[int, str],
+                      specs: Callable[[int], ReplySpec] | None = None
+                      ) -> dict[int, ClientUpdate]:
+        """The replies that pass :meth:`check` (``specs``: a non-train phase's declared
+        reply for each client); the others go into ``failures``."""
         updates: dict[int, ClientUpdate] = {}
         for cid, reply in sorted(replies.items()):
-            reason = self.check(cid, reply, phase.name)
+            reason = self.check(cid, reply, phase.name, specs(cid) if specs else None)
             if reason is not None:
                 failures[cid] = f"rejected: {reason}" + ("" if phase.name == "train"
                                                          else f" (phase {phase.name})")
