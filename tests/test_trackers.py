@@ -294,3 +294,20 @@ def test_the_engine_imports_no_tracker_library():
                          cwd=Path(__file__).resolve().parents[1],
                          env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
     assert out.strip() == "[]"
+
+
+# --- under Flower: the ServerApp logs --------------------------------------------------------
+@pytest.mark.simulation
+@pytest.mark.slow
+@needs("tensorboard")
+def test_the_serverapp_of_a_flower_simulation_logs_every_round(tmp_path, synthetic_root):
+    """The same tracker under Flower's simulation: the ServerApp's round driver writes it
+    (no ClientApp imports a tracker: tests/test_import_graph.py keeps the server side apart)."""
+    from fedgraph_flwr.engine.client_app import make_client_app
+    from fedgraph_flwr.engine.server_app import make_server_app
+    from fedgraph_flwr.engine.simulation import simulate
+
+    cfg = _config(synthetic_root, tmp_path, "flower", rounds=2, trackers="tensorboard")
+    simulate(make_server_app(cfg), make_client_app(), num_supernodes=3)
+    check_against_results(tmp_path / "flower",
+                          tensorboard_scalars(tmp_path / "trackers" / "tensorboard" / "flower"), rel=1e-6)
