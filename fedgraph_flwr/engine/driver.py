@@ -75,6 +75,7 @@ class RoundDriver:
         try:
             if first == 1:
                 self.precompute(fed)
+                self.track(fed)  # its costs as step 0, before round 1 (wandb's steps only rise)
             for server_round in range(first, self.config.rounds + 1):
                 stop = fed.privacy_stop(server_round)
                 if stop:  # a clean stop: what the run has is written below

@@ -273,17 +273,23 @@ class RunTrackers:
         assert set(make) == set(TRACKERS)
         self.trackers = [make[name]() for name in config.tracker_names]
         self.seconds = {t.name: {"start": 0.0, "rounds": 0.0, "finish": 0.0} for t in self.trackers}
-        self.logged_round = 0
-        self.precompute_logged = False
+        # per tracker, the last step it holds (-1: none, not even the precompute's step 0)
+        self.logged = {t.name: -1 for t in self.trackers}
 
     @property
     def state_path(self) -> Path:
         """``trackers.json`` in the run folder."""
         return self.run_dir / STATE_FILE
 
+    @property
+    def logged_round(self) -> int:
+        """The last round every tracker holds."""
+        return min(self.logged.values(), default=0)
+
     def start(self, config: Mapping[str, Any], first_round: int) -> None:
         """Start every tracker; after round 1 (a resume) continue the runs named in
-        ``trackers.json``. Writes that file."""
+        ``trackers.json``, and give a tracker new at the resume the rounds before. Writes
+        that file."""
         saved: dict[str, Any] = {}
         if first_round > 1 and self.state_path.is_file():
             saved = json.loads(self.state_path.read_text())
@@ -293,8 +299,8 @@ class RunTrackers:
             state[tracker.name] = tracker.start(saved.get(tracker.name, {}), config, first_round,
                                                 self.labels)
             self.seconds[tracker.name]["start"] += time.perf_counter() - t0
-        self.logged_round = first_round - 1
-        self.precompute_logged = first_round > 1
+            if tracker.name in saved:
+                self.logged[tracker.name] = first_round - 1
         self.run_dir.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(state, indent=1).encode()
         atomic_write(self.state_path, lambda fh: fh.write(payload))
@@ -310,32 +316,34 @@ class RunTrackers:
 
     def log_rounds(self, entries: list[dict[str, Any]], diagnostics: Mapping[str, list[np.ndarray]],
                    precompute: Mapping[str, Any]) -> None:
-        """Every round of ``entries`` (results.json's) not logged yet, and the precompute
-        phases' costs once, as step 0."""
-        if precompute and not self.precompute_logged:
+        """To each tracker, every round of ``entries`` (results.json's) it does not hold
+        yet, after the precompute phases' costs as step 0."""
+        if precompute:
             self._log({f"precompute/{phase}/{k}": float(c[k]) for phase, c in precompute.items()
                        for k in ("seconds", "bytes_sent", "bytes_received")}, 0)
-            self.precompute_logged = True
         mixing_name = next((n for n in MIXING_DIAGNOSTICS if n in diagnostics), None)
+        history = diagnostics[mixing_name] if mixing_name else []
         for entry in entries:
             step = int(entry["round"])
-            if step <= self.logged_round:
-                continue
-            history = diagnostics[mixing_name] if mixing_name else []
-            matrix = history[step - 1] if len(history) >= step else None
-            self._log(round_scalars(entry, matrix), step)
-            self.logged_round = step
+            if step > self.logged_round:
+                self._log(round_scalars(entry, history[step - 1] if len(history) >= step else None),
+                          step)
+        for name in self.logged:  # a tracker without rounds yet still holds step 0
+            self.logged[name] = max(self.logged[name], 0)
 
     def _log(self, scalars: Mapping[str, float], step: int) -> None:
         for tracker in self.trackers:
+            if self.logged[tracker.name] >= step:
+                continue
             t0 = time.perf_counter()
             tracker.log(scalars, step)
             self.seconds[tracker.name]["rounds"] += time.perf_counter() - t0
+            self.logged[tracker.name] = step
 
     def finish(self, final: Mapping[str, Any], failed: bool) -> None:
         """The final figures and table; every tracker run ended (as failed when ``failed``)."""
         scalars, table = final_scalars(final), final_table(final)
         for tracker in self.trackers:
             t0 = time.perf_counter()
-            tracker.finish(scalars, table, self.logged_round, failed)
+            tracker.finish(scalars, table, max(self.logged[tracker.name], 0), failed)
             self.seconds[tracker.name]["finish"] += time.perf_counter() - t0
