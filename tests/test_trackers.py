@@ -189,6 +189,8 @@ def test_mlflow_store_holds_every_round_of_results_json(tracked_run):
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     results = json.loads((run_dir / "results.json").read_text())
     assert run.data.params["rounds"] == "3" and run.data.params["algorithm"] == "fedaux"
+    # the common keys and FedAux's options, not every method's
+    assert "fedaux-sigma" in run.data.params and "fediih-tau" not in run.data.params
     metrics = mlflow_metrics(client, run.info.run_id)
     check_against_results(run_dir, metrics, rel=1e-12)
     table = Path(run.info.artifact_uri.removeprefix("file://")) / "final.md"

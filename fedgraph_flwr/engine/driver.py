@@ -70,7 +70,7 @@ class RoundDriver:
         first = fed.first_round()
         if tracked:
             self.trackers = RunTrackers(fed.config, fed.record.out_dir, self.log)
-            self.trackers.start(fed.config.all_keys(), first)
+            self.trackers.start(fed.config.to_config(), first)  # common keys + its own options
         failed = True
         try:
             if first == 1:
