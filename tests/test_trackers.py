@@ -207,13 +207,20 @@ def test_a_resumed_run_continues_its_tracker_runs(tmp_path, synthetic_root):
     cfg = _config(synthetic_root, tmp_path, "resumed", rounds=4)
     run_federation(dict(cfg, rounds=2))
     before = json.loads((tmp_path / "resumed" / "trackers.json").read_text())
+    if "tensorboard" in INSTALLED:
+        # as if the stopped process had logged round 3 after its last checkpoint (round 2)
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(before["tensorboard"]["logdir"], filename_suffix=".stale") as stale:
+            stale.add_scalar("mean/test", 99.0, 3)
     run_federation(dict(cfg, resume=True))
     after = json.loads((tmp_path / "resumed" / "trackers.json").read_text())
     assert after == before
     run_dir = tmp_path / "resumed"
     if "tensorboard" in INSTALLED:
         logdir = Path(after["tensorboard"]["logdir"])
-        assert len(list(logdir.glob("events.out.tfevents.*"))) == 2  # one per process, one folder
+        assert len(list(logdir.glob("events.out.tfevents.*"))) == 3  # two runs and the stale one
+        # one value per step (the stale round 3 purged), each equal to results.json
         check_against_results(run_dir, tensorboard_scalars(logdir), rel=1e-6)
     if "wandb" in INSTALLED:
         first, second = wandb_runs(tmp_path / "trackers")
