@@ -332,6 +332,7 @@ def test_unknown_or_repeated_trackers_are_refused_in_one_line():
     assert cfg.tracker_path == Path("o") / "trackers"
 
 
+@pytest.mark.slow  # a fresh interpreter importing the driver loads torch: 3-7 s here
 def test_the_engine_imports_no_tracker_library():
     code = ("import sys, fedgraph_flwr.engine.driver, fedgraph_flwr.engine.trackers; "
             "print([m for m in ('tensorboard', 'wandb', 'mlflow', 'torch.utils.tensorboard') "
