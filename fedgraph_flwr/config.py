@@ -59,6 +59,10 @@ ROBUST_RULES = ("none", "norm-bound", "trimmed-mean", "median", "krum", "multi-k
 #: The robust rules that replace a row of the mixing plan (they need the algorithm's plan).
 ROBUST_ROW_RULES = ("median", "trimmed-mean", "bulyan")
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]*")
+#: The experiment trackers a run can log to (engine/trackers.py implements each).
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+#: ``tracker-group``: a grid and its cell, each a run-name-like word.
+TRACKER_GROUP = re.compile(r"[A-Za-z0-9._-]+/[A-Za-z0-9._-]+")
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
@@ -210,6 +214,11 @@ class ServerSettings(Options):
                              low_inclusive=False, high_inclusive=False)
     ckks_public_context: str = option("", "ckks: the server's public-context file (else "
                                       "<output-dir>/<run-name>/ckks/public.ckks)")
+    trackers: str = option("", "experiment trackers the server logs every round to, comma-"
+                           "separated: tensorboard, wandb, mlflow (none: '')")
+    tracker_dir: str = option("", "where the trackers write (else <output-dir>/trackers)")
+    tracker_group: str = option("", "'<grid>/<cell>': groups a grid's runs in the trackers "
+                                "(fedgraph-experiments sets it)")
 
 
 class _WithOptions:
@@ -333,6 +342,7 @@ class RunConfig(ServerSettings, ClientConfig):
             raise ConfigError(f"run-name {self.run_name!r} may hold only letters, digits, . _ -")
         self._check_secure_aggregation()
         self._check_robust()
+        self._check_trackers()
 
     def _check_dp(self) -> None:
         """dp settings this algorithm can honour, and none set while dp=off."""
@@ -372,6 +382,31 @@ class RunConfig(ServerSettings, ClientConfig):
                         f"secure-aggregation=ckks-threshold does not support {setting}: every "
                         f"client holds a key share and decrypts every round "
                         f"(docs/secure-aggregation.md)")
+
+    @property
+    def tracker_names(self) -> tuple[str, ...]:
+        """``trackers`` as names, in the order given (empty: none)."""
+        return tuple(n.strip() for n in self.trackers.split(",") if n.strip())
+
+    @property
+    def tracker_path(self) -> Path:
+        """Where the trackers write: ``tracker-dir``, else ``<output-dir>/trackers``."""
+        return Path(self.tracker_dir or Path(self.output_dir) / "trackers").expanduser()
+
+    def _check_trackers(self) -> None:
+        """Known tracker names, each once, and a well-formed ``tracker-group``."""
+        names = self.tracker_names
+        for name in names:
+            if name not in TRACKERS:
+                close = difflib.get_close_matches(name, TRACKERS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"trackers: unknown tracker {name!r}, choose from "
+                                  f"{', '.join(TRACKERS)} (comma-separated){hint}")
+        if len(set(names)) < len(names):
+            raise ConfigError(f"trackers={self.trackers!r} names a tracker twice")
+        if self.tracker_group and not TRACKER_GROUP.fullmatch(self.tracker_group):
+            raise ConfigError(f"tracker-group={self.tracker_group!r} must be '<grid>/<cell>', "
+                              f"each of letters, digits, . _ -")
 
     def _check_robust(self) -> None:
         """A ``robust`` setting this run can honour (engine/robust.py applies it)."""

@@ -153,6 +153,7 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
         for i, overrides in enumerate(runs, 1):
             overrides = dict(overrides, **extra, **{"output-dir": str(out)})
             overrides["run-name"] = run_name(overrides)
+            overrides.update(tracker_keys(spec["name"], overrides, out_root))
             target = out / overrides["run-name"] / "results.json"
             progress.update(cells, description=f"cell {i}/{len(runs)} {overrides['run-name']}")
             cfg = resolve_config(None, overrides)
@@ -210,6 +211,19 @@ def run_grid(spec: dict[str, Any], out_root: Path, seeds: list[int] | None, engi
     return out
 
 
+def tracker_keys(grid: str, overrides: dict[str, Any], out_root: Path) -> dict[str, str]:
+    """With ``trackers`` set: one tracker run per grid run, grouped by grid and cell
+    (``tracker-group``: the seeds of a cell land together), in one store for every grid
+    under ``out_root`` (``tracker-dir``, unless the grid or ``--set`` names one)."""
+    cfg = resolve_config(None, overrides)
+    if not cfg.tracker_names:
+        return {}
+    word = lambda text: re.sub(r"[^A-Za-z0-9._-]+", "-", text)  # noqa: E731
+    cell = word(overrides["run-name"].replace(f"-seed{cfg.seed}", "", 1))
+    return {"tracker-group": overrides.get("tracker-group") or f"{word(grid)}/{cell}",
+            "tracker-dir": overrides.get("tracker-dir") or str(out_root / "trackers")}
+
+
 def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> None:
     """One cell as a Flower simulation (Ray backend) with num-clients SuperNodes, one CPU
     per ClientApp; ``num_cpus``: the CPUs Ray may use in all (default: every core)."""
@@ -239,10 +253,11 @@ def run_flower_cell(overrides: dict[str, Any], num_cpus: int | None = None) -> N
 # Config keys that never define a cell (they differ between seeds or machines). A run on a
 # GPU and one on a CPU are the same run: torch's kernels differ there only by rounding.
 NOT_CELL_KEYS = ("seed", "run-name", "output-dir", "data-root", "config-file", "verbose",
-                 "device")
+                 "device", "trackers", "tracker-dir", "tracker-group")
 # The NOT_CELL_KEYS a run folder's name leaves out: config-file and verbose stay in it, as
 # the folders of grids already run were named with them.
-NOT_IN_RUN_NAME = ("seed", "output-dir", "run-name", "data-root", "device")
+NOT_IN_RUN_NAME = ("seed", "output-dir", "run-name", "data-root", "device", "trackers",
+                   "tracker-dir", "tracker-group")
 # Engine keys that change how a run is served, not its numbers.
 NOT_RESULT_KEYS = (*NOT_CELL_KEYS, "round-timeout", "handshake-timeout", "fail-fast", "resume",
                    "client-state", "client-state-dir", "max-array-bytes", "memory-limit",

@@ -72,7 +72,7 @@ KNOWN_UPWARD = {
 SERVER = {f"{ENGINE}.{m}" for m in (
     "driver", "federation", "flower_transport", "server_app", "roster", "recorder", "ckks_mixing",
     "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport",
-    "privacy_budget", "robust")}
+    "privacy_budget", "robust", "trackers")}
 #: The client's side: a ClientApp process never needs the server's code.
 CLIENT = {f"{ENGINE}.{m}" for m in ("client_app", "client_runtime")}
 #: Used by both sides, so they may import neither: the names both agree on (contract),

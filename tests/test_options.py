@@ -102,7 +102,7 @@ def test_resolved_options_are_typed_and_other_algorithms_keep_their_defaults():
 
 def test_common_keys_are_declared_with_a_doc_and_split_between_client_and_server():
     assert list(common_defaults()) == [*ClientSettings.keys(), *ServerSettings.keys()]
-    assert len(ClientSettings.keys()) == 35 and len(ServerSettings.keys()) == 18
+    assert len(ClientSettings.keys()) == 35 and len(ServerSettings.keys()) == 21
     docs = {**ClientSettings.docs(), **ServerSettings.docs()}
     assert all(doc.strip() and "\n" not in doc for doc in docs.values())
     assert ClientSettings.ranges()["dropout"] == "in [0, 1)"

@@ -20,7 +20,7 @@ RESUMABLE_CHANGES = frozenset({
     "rounds", "resume", "fail-fast", "round-timeout", "handshake-timeout", "min-clients",
     "verbose", "output-dir", "data-root", "partition-dir", "config-file", "client-state",
     "client-state-dir", "max-array-bytes", "memory-limit", "ckks-secret-context",
-    "ckks-public-context", "device",
+    "ckks-public-context", "device", "trackers", "tracker-dir", "tracker-group",
 })
 
 

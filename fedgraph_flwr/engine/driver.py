@@ -24,6 +24,7 @@ from ..config import RunConfig
 from ..core.phases import AggregateResult, Phase
 from .federation import Federation
 from .recorder import nbytes
+from .trackers import RunTrackers, check_installed
 from .transport import ClientReply, Exchange, Transport
 
 #: In a failure's reason: the client's memory guard refused (client_runtime.MemoryGuardError).
@@ -51,21 +52,30 @@ class RoundDriver:
         self.write = write
         self.write_report = write_report  # report.html from the results (the product's page)
         self.federation: Federation | None = None
+        self.trackers: RunTrackers | None = None  # ``trackers``: started once the first round is known
 
     def run(self) -> Federation:
         """Connect, run every round, write the results; return the federation."""
         self.log(f"fedgraph-flwr: algorithm={self.config.algorithm} "
                  f"dataset={self.config.dataset} clients={self.config.num_clients} "
                  f"rounds={self.config.rounds}")
+        tracked = self.write and bool(self.config.tracker_names)
+        if tracked:  # a missing package fails here, before any client is contacted
+            check_installed(self.config.tracker_names)
         roster = self.transport.connect(self.config)
         # A ConfigError here (a federation that cannot run, a checkpoint of another run)
         # reaches the caller as it is: one line.
         fed = self.federation = Federation(self.config, roster, log=self.log,
                                            write_report=self.write_report)
         first = fed.first_round()
-        if first == 1:
-            self.precompute(fed)
+        if tracked:
+            self.trackers = RunTrackers(fed.config, fed.record.out_dir, self.log)
+            self.trackers.start(fed.config.to_config(), first)  # common keys + its own options
+        failed = True
         try:
+            if first == 1:
+                self.precompute(fed)
+                self.track(fed)  # its costs as step 0, before round 1 (wandb's steps only rise)
             for server_round in range(first, self.config.rounds + 1):
                 stop = fed.privacy_stop(server_round)
                 if stop:  # a clean stop: what the run has is written below
@@ -80,8 +90,12 @@ class RoundDriver:
                     # next save, the results, and on the way out of a failed run.
                     fed.save_checkpoint(background=True)
                     fed.write_progress()  # what `watch` and dashboards read during the run
+                self.track(fed)
+            failed = False
         finally:
             fed.wait_for_checkpoint()
+            if self.trackers is not None:
+                self.finish_trackers(fed, failed)
         if self.write:
             out = fed.write_results()
             from ..summary import format_summary
@@ -89,6 +103,29 @@ class RoundDriver:
             self.log(format_summary(fed.results()))
             self.log(f"results written to {out.resolve()}")
         return fed
+
+    # --- trackers -------------------------------------------------------------------
+    def track(self, fed: Federation) -> None:
+        """The rounds the trackers have not logged yet (results.json's entries)."""
+        if self.trackers is None:
+            return
+        record = fed.record
+        held = record.held_means()
+        self.trackers.log_rounds(
+            [record.round_entry(r, held) for r in record.rounds if r.round > self.trackers.logged_round],
+            record.diagnostics, record.precompute)
+
+    def finish_trackers(self, fed: Federation, failed: bool) -> None:
+        """The rounds left (an aborted round), the final table; a failed run's tracker
+        errors are logged, not raised over the run's own error."""
+        assert self.trackers is not None
+        try:
+            self.track(fed)
+            self.trackers.finish(fed.final(), failed)
+        except Exception as exc:
+            if not failed:
+                raise
+            self.log(f"trackers: could not close after the run failed: {type(exc).__name__}: {exc}")
 
     # --- phases ---------------------------------------------------------------------
     def send(self, fed: Federation, phase: Phase, server_round: int, clients: list[int],

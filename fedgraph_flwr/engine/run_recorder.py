@@ -80,8 +80,7 @@ class RunRecorder:
             "clients": {str(c): f for c, f in self.client_facts.items()},
             "num_features": self.num_features,
             "num_classes": self.num_classes,
-            "rounds": [{**r.to_json(), "held_mean_val": held[r.round][0],
-                        "held_mean_test": held[r.round][1]} for r in self.rounds],
+            "rounds": [self.round_entry(r, held) for r in self.rounds],
             "wall_time_s": self.wall_time(),
             "server_peak_rss_mib": peak_rss_mib(),
             "final": self.final(),
@@ -90,6 +89,12 @@ class RunRecorder:
             out["precompute"] = self.precompute
         out.update(self.ending())
         return out
+
+    @staticmethod
+    def round_entry(record: RoundLog, held: dict[int, tuple[float, float]]) -> dict[str, Any]:
+        """A round's entry of results.json (``held``: :meth:`held_means`)."""
+        return {**record.to_json(), "held_mean_val": held[record.round][0],
+                "held_mean_test": held[record.round][1]}
 
     def ending(self) -> dict[str, Any]:
         """The dp guarantee and an early stop's reason, where there are any."""
