@@ -89,11 +89,6 @@ def expand(spec: dict[str, Any], seeds: list[int] | None = None) -> list[dict[st
     return runs
 
 
-def cell_id(overrides: dict[str, Any]) -> str:
-    values = resolve_config(None, overrides).to_config()
-    return "|".join(str(values[k]) for k in CELL_KEYS)
-
-
 def run_name(overrides: dict[str, Any]) -> str:
     cfg = resolve_config(None, overrides)
     values = cfg.to_config()

@@ -68,12 +68,6 @@ def routing_layer_split(num_routing_layers: int) -> tuple[int, int]:
     return num_routing_layers - 2, 2
 
 
-def normalize_factors(x: torch.Tensor, num_factors: int) -> torch.Tensor:
-    """L2-normalise each factor block: x [n, K·d_k] -> [n, K·d_k] with unit-norm blocks."""
-    n = x.size(0)
-    return F.normalize(x.view(n, num_factors, -1), dim=-1).view(n, -1)
-
-
 class NeighbourhoodRouting(nn.Module):
     """One parameter-free routing layer (the released code's ``DisenConv``).
 
