@@ -77,7 +77,7 @@ def test_fraction_one_is_full_participation(tmp_path):
 
 
 def test_sampling_follows_the_fediih_reference_rule(tmp_path):
-    """np.random.seed(seed + r); choice(M, round(M * frac), replace=False) (spec fediih §10.6)."""
+    """np.random.seed(seed + r); choice(M, round(M * frac), replace=False) (docs/reading/fediih.md §10.6)."""
     cfg = resolve_config(None, {"num-clients": 20, "fraction": 0.3, "seed": 7,
                                 "output-dir": str(tmp_path)})
     roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10}
