@@ -114,7 +114,7 @@ def test_headline_uses_every_clients_held_model_not_the_sampled_few(tmp_path):
 
 
 def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
-    """FedSpray's selection (fedspray.md §7): Σ CE_k·|val_k| / Σ |val_k| over all clients'
+    """FedSpray's selection (docs/reading/fedspray.md §7): Σ CE_k·|val_k| / Σ |val_k| over all clients'
     held models, and there pooled overall / minority / majority test accuracy."""
     cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 2, "hidden": 8,
                                 "output-dir": str(tmp_path)})
