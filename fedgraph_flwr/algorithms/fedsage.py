@@ -74,15 +74,14 @@ Switches where paper and code differ (docs/reading/fedsage.md §6; default first
   docs/reading/fedsage.md §3 says [C] "mends the impaired graph", that is the inner
   classifier's training-time mend, which both codes and we do on G'.)
 
-The published figures (FedIIH/FedAux, copied from FED-PUB) come from FED-PUB's own
-FedSage+ run, whose settings are not available (docs/reading/fedsage.md §5); the paper's
-own numbers come
-from the official code (``encoder=gcn``, ``fed-train=fgen``, ``cross-targets=random``,
+The published figures (FedIIH/FedAux, copied from FED-PUB) come from FED-PUB's own FedSage+
+run, whose settings are not available (docs/reading/fedsage.md §5); the paper's own numbers
+come from the official code (``encoder=gcn``, ``fed-train=fgen``, ``cross-targets=random``,
 ``greedy-match=code``, ``mend-input=impaired``). Other differences from the code: the
 classifier runs on the whole graph (no [5, 5] neighbour sampling) with PyG's SAGEConv
-(summed, not concatenated, self and neighbour halves); a round is one generator epoch
-(the code's ``gen_epochs`` = 20 federated epochs = ``gen-rounds`` 20); slot counts are
-⌊n̂⌋ everywhere (the code's LocSage+ evaluation rounds, its FedSage+ truncates).
+(summed, not concatenated, self and neighbour halves); a round is one generator epoch (the
+code's ``gen_epochs`` = 20 federated epochs = ``gen-rounds`` 20); slot counts are ⌊n̂⌋
+everywhere (the code's LocSage+ evaluation rounds, its FedSage+ truncates).
 
 Hyperparameters (code's ``config.py``): P = 5, hidden portion 0.5, NeighGen hidden 32,
 latent 128, dropout 0.5, Adam lr 1e-3 and weight decay 1e-4, 20 pre-training epochs, 20
