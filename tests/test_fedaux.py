@@ -164,7 +164,8 @@ def test_auto_switches_to_fast_above_threshold():
 
 # --- Theorem 3.1: Oja's rule ----------------------------------------------------------------
 def test_projected_iteration_finds_top_eigenvector():
-    """Π((I + ηC) a) -> ±u_max; the spec's Eq. 10/25 form Π((I − ηC) a) finds u_min instead."""
+    """Π((I + ηC) a) -> ±u_max; the paper's Eq. 10/25 form Π((I − ηC) a) finds
+    u_min instead (docs/reading/fedaux.md §3)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 6)) * np.array([3.0, 2.0, 1.5, 1.0, 0.5, 0.2])
     cov = np.cov(x.T)
