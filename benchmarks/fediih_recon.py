@@ -1,6 +1,6 @@
 """Time and peak memory of FedIIH's reconstruction term, dense vs blockwise vs sampled.
 
-The term is mean_{i,j∈[n]} BCEWithLogits(r_iᵀ r_j, A_ij) over all n² pairs (spec §3.7).
+The term is mean_{i,j∈[n]} BCEWithLogits(r_iᵀ r_j, A_ij) over all n² pairs (docs/reading/fediih.md §3.7).
 Each (method, n) runs in its own subprocess so that peak memory is clean: on CPU the
 peak is the rise of the process's max RSS during forward+backward, on CUDA
 ``torch.cuda.max_memory_allocated`` above the inputs. Random graph with mean degree

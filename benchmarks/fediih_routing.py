@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# n:deg:K:d_k. Minesweeper-10 and Cora-10 client sizes with their spec §6 widths, a
+# n:deg:K:d_k. Minesweeper-10 and Cora-10 client sizes with their docs/reading/fediih.md §6 widths, a
 # larger client, and an arxiv-size client at 10 clients (configs/scale: K = 2, d_k = 128).
 DEFAULT_CASES = ["1000:8:6:256", "250:4:2:128", "20000:10:4:64", "16441:13:2:128"]
 

@@ -35,7 +35,7 @@ def pooled_counts(logits: torch.Tensor, y: torch.Tensor, val_mask: torch.Tensor,
     """The client's share of FedSpray's pooled (micro) figures, as scalar counts.
 
     Minority test nodes are those whose label is not the client's majority *training*
-    class (fedspray.md §7). The server sums these over clients, so nothing per node
+    class (docs/reading/fedspray.md §7). The server sums these over clients, so nothing per node
     leaves the client.
     """
     correct = logits.argmax(dim=1) == y

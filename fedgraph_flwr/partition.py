@@ -6,7 +6,7 @@ r"""Build (or reuse) a partition cache and print its per-client table.
 
 Prints the per-client table, each client's label histogram, the edge cut (undirected
 edges of the global graph whose endpoints no client holds together) and FedAux's
-non-IIDness ξ = JSD + MMD (spec fedaux.md Eqs. 62-63; definitions in
+non-IIDness ξ = JSD + MMD (Eqs. 62-63, docs/reading/fedaux.md §3; definitions in
 ``fedgraph_flwr.data.noniid``); all of it is also in the cache's ``manifest.json``.
 
 Also installed as the console script ``fedgraph-partition``. ``--export`` writes the

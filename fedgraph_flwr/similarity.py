@@ -2,7 +2,7 @@
 
 Ground truth (computed from the clients' data, which the server never sees; FedAux
 Fig. 3a / FedIIH Fig. 3a, whose exact definitions are unstated — these are the
-readings recommended in the specs, fedaux.md §7.7 and fediih.md §10 item 19):
+readings recorded in docs/reading/fedaux.md §7.7 and docs/reading/fediih.md §9.19):
 
 - ``features``: cosine similarity of the clients' mean-pooled propagated features
   mean_i (Â_k X_k)_i, with Â_k = D^{-1/2}(A_k + I)D^{-1/2} the GCN propagation matrix

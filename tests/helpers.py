@@ -103,7 +103,7 @@ def _flower_is_tested() -> bool:
 
 #: For the tests that go through the fedgraph-* commands' guard: on a Flower outside
 #: TESTED_FLOWER the commands run stock Flower instead (tests/test_flower_surface.py checks
-#: that), without the fixes these tests check (scripts/test-flwr-nightly.sh, docs/engine-v3.md).
+#: that), without the fixes these tests check (scripts/test-flwr-nightly.sh, docs/architecture.md).
 through_the_guard = pytest.mark.skipif(
     not _flower_is_tested(), reason="the installed Flower is not in TESTED_FLOWER: the "
                                     "fedgraph-* commands run stock Flower there")

@@ -164,7 +164,8 @@ def test_auto_switches_to_fast_above_threshold():
 
 # --- Theorem 3.1: Oja's rule ----------------------------------------------------------------
 def test_projected_iteration_finds_top_eigenvector():
-    """Π((I + ηC) a) -> ±u_max; the spec's Eq. 10/25 form Π((I − ηC) a) finds u_min instead."""
+    """Π((I + ηC) a) -> ±u_max; the paper's Eq. 10/25 form Π((I − ηC) a) finds
+    u_min instead (docs/reading/fedaux.md §3)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 6)) * np.array([3.0, 2.0, 1.5, 1.0, 0.5, 0.2])
     cov = np.cov(x.T)
@@ -504,11 +505,12 @@ def test_net_uses_kernel_output():
     assert not torch.allclose(out, net(data.x, data.edge_index))
 
 
-# --- synthetic SBM (spec §7.7) ----------------------------------------------------------------
+# --- synthetic SBM (docs/reading/fedaux.md §7.7) ------------------------------------------------------------
 def sbm_clients(seed: int, n: int = 150, groups: int = 5, per_group: int = 4, classes: int = 5):
     """20 client subgraphs: group i has intra-client edge prob 0.15·(i+1) and dominant label i.
 
-    Inter-client edges are dropped (subgraph FL); features are one-hot labels (§7.7).
+    Inter-client edges are dropped (subgraph FL); features are one-hot labels
+    (docs/reading/fedaux.md §7.7).
     """
     g = torch.Generator().manual_seed(seed)
     clients, truth = [], []
@@ -565,7 +567,7 @@ def test_sbm_apv_similarity_recovers_groups():
     assert result.metrics["apv_similarity_mean"] > 0.999
     assert result.metrics["spectral_gap"] < 1e-2
     assert ari_apv >= 0.9
-    # For reference (not asserted as "worse": on this reading of §7.7 it is not):
+    # For reference (not asserted as "worse": on this reading of docs/reading/fedaux.md §7.7 it is not):
     # clustering the flattened uploaded parameters also recovers the groups.
     flat = np.stack([np.concatenate([v.ravel() for k, v in sorted(updates[c].arrays.items())
                                      if k != "apv"]) for c in range(20)])

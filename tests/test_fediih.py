@@ -420,7 +420,7 @@ def test_code_mode_elbo_moves_only_alpha_hat_paper_mode_trains_encoder():
         assert np.array_equal(v, code.upload()[k])
 
 
-# --- ablations (spec §9 item 18) ------------------------------------------------------------
+# --- ablations (docs/reading/fediih.md §9.18) ------------------------------------------------------------
 NO_HM = {"fediih-prior": "standard"}
 NO_VI = {"fediih-inference": "deterministic"}
 

@@ -77,7 +77,7 @@ def test_fraction_one_is_full_participation(tmp_path):
 
 
 def test_sampling_follows_the_fediih_reference_rule(tmp_path):
-    """np.random.seed(seed + r); choice(M, round(M * frac), replace=False) (spec fediih §10.6)."""
+    """np.random.seed(seed + r); choice(M, round(M * frac), replace=False) (docs/reading/fediih.md §10.6)."""
     cfg = resolve_config(None, {"num-clients": 20, "fraction": 0.3, "seed": 7,
                                 "output-dir": str(tmp_path)})
     roster = {c: {"num-features": NUM_FEATURES, "num-classes": NUM_CLASSES, "num-train": 10}
@@ -114,7 +114,7 @@ def test_headline_uses_every_clients_held_model_not_the_sampled_few(tmp_path):
 
 
 def test_pooled_protocol_picks_the_round_of_lowest_pooled_val_loss(tmp_path):
-    """FedSpray's selection (fedspray.md §7): Σ CE_k·|val_k| / Σ |val_k| over all clients'
+    """FedSpray's selection (docs/reading/fedspray.md §7): Σ CE_k·|val_k| / Σ |val_k| over all clients'
     held models, and there pooled overall / minority / majority test accuracy."""
     cfg = resolve_config(None, {"algorithm": "fedavg", "num-clients": 2, "hidden": 8,
                                 "output-dir": str(tmp_path)})

@@ -3,7 +3,7 @@
 Official code followed: ``xkLi-Allen/AdaFGL`` at ``1ea2b20`` (``fedKnowledge_main.py``,
 ``roles/server.py``, ``roles/client.py``, ``tasks/node_cls.py``: step 1; ``main.py``,
 ``models/my_model.py``, ``models/label_propagation_models.py``, ``models/gcn.py``,
-``models/base_op.py``, ``utils.py``: step 2; spec baselines.md §4). OpenFGL's
+``models/base_op.py``, ``utils.py``: step 2; docs/reading/adafgl.md). OpenFGL's
 ``openfgl/flcore/adafgl`` read for comparison ([O] below).
 
 Step 1, rounds 1..R1 (``adafgl-rounds-step1``): federated knowledge extractor.
@@ -37,7 +37,7 @@ Step 2, from the delivery round D on: local only. The delivered model is sent on
   ``adafgl-combine``: ``switch`` trains and predicts with the homophilous module iff
   HCS >= ``adafgl-threshold`` (0.9), else the heterophilous one [C]; ``soft`` trains both
   jointly (summed losses) and predicts HCS·homo + (1−HCS)·hete [O].
-  ``adafgl-schedule`` (spec §4.5.4): ``one-round`` runs all step-2 epochs in round D,
+  ``adafgl-schedule`` (docs/reading/adafgl.md §5.4): ``one-round`` runs all step-2 epochs in round D,
   evaluating after every epoch (eval mode) and reporting the epoch of best validation
   score (the code's per-client selection); the client then holds that epoch's predictions
   and reports them in any later round. ``epoch-per-round`` runs one epoch per round from D
@@ -50,7 +50,7 @@ and test scores, the node count); round R1+1 under ``best``, the three scalars; 
 nothing (empty replies; the protocol's scalar metrics only). Nothing scales with the node
 count.
 
-Memory (spec §4.5.1): the code's similarity S = getre(P_g) and the relation matrix R of
+Memory (docs/reading/adafgl.md §5.1): the code's similarity S = getre(P_g) and the relation matrix R of
 the heterophilous head are dense n × n. Here (``adafgl-similarity=topk``, the default, a
 deviation) both live on a sparse support Ω: each node's ``adafgl-topk`` most similar
 nodes under P_g plus ``adafgl-random-pairs`` uniformly drawn ones, symmetrised; S is Ω's
@@ -60,7 +60,7 @@ pair of equally confident same-class predictions), and R's sums run over Ω
 computation (Ω = every pair), refused above ``adafgl-dense-max-nodes`` nodes.
 
 Paper / code switches ([C] = official code, [O] = OpenFGL; defaults are [C], the code
-being what produced the paper's numbers; spec §4.4):
+being what produced the paper's numbers; docs/reading/adafgl.md §4):
 - ``adafgl-checkpoint``: best [C] | final (the paper's text).
 - ``adafgl-fresh-optimizer``: true [C] (new Adam each round) | false (persisting).
 - ``adafgl-combine``: switch [C] | soft [O].
@@ -79,7 +79,7 @@ the MSE compares z_s's logits with P_g's probabilities; R's rescale maps R ∈ [
 −R/μ (see :mod:`fedgraph_flwr.nn.signed_propagation`); one PReLU is shared across MLPs.
 HCS: nodes outside the seed half start uniform (the code leaves nodes outside
 train/val/test at their one-hot labels; its splits cover every node). Binary tasks need no
-adapter: every model here emits C = 2 logits, so P_g and LP have two columns (spec §4.5.3).
+adapter: every model here emits C = 2 logits, so P_g and LP have two columns (docs/reading/adafgl.md §5.3).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ engine's diagnostics. Nothing uploaded depends on the node count. Since the APV 
 uploaded too, ``dp=signature`` (which noises only the copy) needs the weights
 encrypted (``secure-aggregation=ckks``) and is refused without.
 
-``fedaux-server=average`` is the FedAvg_mask ablation (spec §7.4 ii): same
+``fedaux-server=average`` is the FedAvg_mask ablation (docs/reading/fedaux.md §7.4 ii): same
 client, but the server averages uniformly into one global model.
-``fedaux-variant=hard`` is FedAux_hard (§7.4 i): hard sort + Conv1D.
+``fedaux-variant=hard`` is FedAux_hard (docs/reading/fedaux.md §7.4 i): hard sort + Conv1D.
 
 Where the paper is silent or differs from its reference code:
 ``fedaux-classifier-init=xavier`` (default) initialises the classifier as the code's

@@ -5,12 +5,12 @@ Sources. The original method is federated *recommendation*: ``wuch15/FedPerGNN``
 (``run.py``, ``expansion.py``, ``const.py``, ``encrypt.py``) was read for the expansion and
 the LDP. No adaptation code exists (FED-PUB released only FedAvg and FED-PUB; OpenFGL has no
 FedGNN); FED-PUB/FedIIH describe it in one sentence, so this follows the reconstruction of
-spec baselines.md §2.2 [I]. The backbone is FED-PUB's ``models/nets.py`` ``GCN`` (2 GCN
+docs/reading/fedgnn.md §2 [I]. The backbone is FED-PUB's ``models/nets.py`` ``GCN`` (2 GCN
 layers + a linear classifier, :class:`~fedgraph_flwr.nn.fedgnn_net.FedGNNNet`) trained as
 FED-PUB's ``models/fedavg`` (full-batch Adam, persisting across rounds; FedAvg by training
 size).
 
-A round is three engine phases (two exchanges of the protocol, spec §2.2):
+A round is three engine phases (two exchanges of the protocol, docs/reading/fedgnn.md §2):
 
 1. ``embed`` (the expansion's upload). The server sends the current global model (round 1:
    the initial one; ``fedgnn-embed-model=local``: nothing, the client uses the model it
@@ -36,7 +36,7 @@ empty; on the wire that is one more (empty) round trip, not another upload.
 
 Where nodes are shared: only in the *overlapping* partitions (clients are random halves
 of the same METIS part). On disjoint partitions no node is held twice, the expansion is
-empty and FedGNN is FedAvg on FED-PUB's GCN (spec §2.3.1); the ``embed`` upload is still
+empty and FedGNN is FedAvg on FED-PUB's GCN (docs/reading/fedgnn.md §3.1); the ``embed`` upload is still
 sent, as the protocol cannot know that in advance.
 
 Ids. A client knows its nodes' global ids from its subgraph (``data.global_id``, written

@@ -1,7 +1,7 @@
 """FedGTA (Li et al., VLDB 2024): topology-aware averaging for federated graph learning.
 
 Official code followed: ``xkLi-Allen/FedGTA`` (``federated/fedgta/``, ``gnn_model/``,
-``operators/``; spec baselines.md §3); OpenFGL's ``openfgl/flcore/fedgta`` read for comparison.
+``operators/``; docs/reading/fedgta.md); OpenFGL's ``openfgl/flcore/fedgta`` read for comparison.
 
 Client, each round (``train(E)`` then ``signature()``):
 
@@ -30,7 +30,7 @@ Backbone (``fedgta-backbone``): ``gamlp`` (default; the code's ``SimGAMLP``: hop
 X, ÂX, …, Â^K X precomputed in the constructor, a learned per-node hop attention and a
 3-layer PReLU MLP, :class:`~fedgraph_flwr.nn.gamlp.GAMLP`; FedIIH's numbers) or ``gcn``
 (the project's GCN; FedAux re-ran FedGTA on the FED-PUB GCN and OpenFGL runs it on its
-default GCN, spec §3.6.4). Hop features are recomputed from the data when a trainer is
+default GCN, docs/reading/fedgta.md §6.4). Hop features are recomputed from the data when a trainer is
 rebuilt (a pure function of the subgraph; (K+1)·n·d floats are not worth carrying).
 
 Switches (default = the paper / GAMLP's definition, other value = the official code):
@@ -47,7 +47,7 @@ Switches (default = the paper / GAMLP's definition, other value = the official c
   before local training, as the code's trainer does (its round-r figures are then those of
   the round r−1 aggregate; round 1 scores the initial model). after-train is the project's
   (FED-PUB's) protocol. The code's headline averages clients weighted by node count; the
-  project's evaluation averages them unweighted (spec §3.6.1); that is the engine's choice.
+  project's evaluation averages them unweighted (docs/reading/fedgta.md §6.1); that is the engine's choice.
 
 Hyperparameters: LP steps 5, α 0.5, T 20, r 0.5, K 3, MLP layers 3 (code's ``config.py``);
 moments ``hybrid``, P = 6, τ = 0.5 are the code's Cora settings (CiteSeer: hybrid, 20, 0.6;
@@ -56,7 +56,7 @@ runs (hidden 64, lr 0.01, weight decay 5e-4, dropout 0.5, 3 local epochs, 100 ro
 ``configs/fedgta/``. Exact code: ``fedgta-lp-train-boost=true``, ``fedgta-gate-layout=code``,
 ``fedgta-evaluate=before-train``.
 
-Notes: spec §3.2/§3.4 mention a "decay" max(0.8·(A+I), I) in Â; the code's LP
+Notes: docs/reading/fedgta.md §2/§4 mention a "decay" max(0.8·(A+I), I) in Â; the code's LP
 (``utils.homo_adj_to_symmetric_norm``) and GAMLP (``operators.utils.adj_to_symmetric_norm``)
 do not apply it (only ``gnn_model/gm.py``'s unused ``propagate`` does), so neither do we.
 The degree in w_i is the row sum of A as in the code (OpenFGL counts in + out degree, twice

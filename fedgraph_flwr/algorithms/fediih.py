@@ -1,15 +1,15 @@
 """FedIIH (Yu et al., AAAI 2025): disentangled factors + hierarchical variational posteriors.
 
-Client (:class:`FedIIHTrainer`), one round (spec §5):
+Client (:class:`FedIIHTrainer`), one round (docs/reading/fediih.md §5):
 
 - Step A, ``local-epochs`` full-batch Adam steps on the classification loss
   (cross-entropy; BCE-with-logits and a single output for binary tasks) over all
   model parameters: DisenGCN projection ``pca`` → routing trunk → ``clf``.
-- Step B, ``local-epochs`` steps on the HVGAE loss (spec §3.7): μ/σ routing
+- Step B, ``local-epochs`` steps on the HVGAE loss (docs/reading/fediih.md §3.7): μ/σ routing
   branches on the trunk, reparameterised sample, inner-product decoder, KL terms
   against the local factor means α̂ [K, d_k] (never uploaded) and the server's
   global factor means α̃ [K, d_k] (payload key ``"prior.alpha"``).
-  ``fediih-mode="code"`` (default, the released code, spec §9.1): this step
+  ``fediih-mode="code"`` (default, the released code, docs/reading/fediih.md §9.1): this step
   moves α̂ only, so the encoder is trained by classification alone.
   ``fediih-mode="paper"``: the ELBO also trains the encoder (``pca``), with a
   separate Adam so the two objectives do not share moment estimates.
@@ -17,14 +17,14 @@ Client (:class:`FedIIHTrainer`), one round (spec §5):
   ``clf.bias`` [C]; signature: ``"mu"`` and ``"logvar"`` [K, d_k], node-means of the
   μ^k / ℓ^k matrices from the last Step-B forward pass. Nothing per node.
 
-Server (:class:`FedIIHAggregator`), spec §3.6 and §4: α̃^k = Σ_m μ̄_m^k / (M + 0.25);
+Server (:class:`FedIIHAggregator`), docs/reading/fediih.md §3.6 and §4: α̃^k = Σ_m μ̄_m^k / (M + 0.25);
 per factor k, S^k = 1 − JS/ln 2 between the clients' diagonal Gaussians
 (moment-matched midpoint), β^k = row-softmax(τ·S^k), and client m receives
 Σ_j β^k_mj × (factor block k of pca.weight, pca.bias, clf.weight of client j).
-``clf.bias`` is a uniform mean (K ≥ 2), or β-weighted too when K = 1 (spec §9.12).
+``clf.bias`` is a uniform mean (K ≥ 2), or β-weighted too when K = 1 (docs/reading/fediih.md §9.12).
 
-Ablations (paper Table 5 and appendix Table 6 name them but never define them; spec
-§9 item 18's interpretations): "w/o Dis" is ``fediih-factors=1``; "w/o HM" is
+Ablations (paper Table 5 and appendix Table 6 name them but never define them;
+docs/reading/fediih.md §9.18's interpretations): "w/o Dis" is ``fediih-factors=1``; "w/o HM" is
 ``fediih-prior="standard"`` (Step B's KL is to N(0, I), no α̂ or α̃, nothing of α̃
 sent); "w/o VI" is ``fediih-inference="deterministic"`` (Step B is a plain graph
 autoencoder on the μ-branch: no σ-branch, no sample, no prior; the signature is the
@@ -32,7 +32,7 @@ node-mean μ alone and S^k is the cosine of the clients' μ̄^k). In the default
 mode Step B trains no model parameter, so "w/o HM" leaves the model, the signature
 and every metric bit-identical (same RNG draws): only paper mode can tell it apart.
 
-Config: ``hidden`` is the per-factor width d_k (spec §9.3), so the projection has
+Config: ``hidden`` is the per-factor width d_k (docs/reading/fediih.md §9.3), so the projection has
 K·hidden units; ``num-layers`` is unused (``fediih-routing-layers`` sets depth).
 ``fediih-recon`` picks how the n² reconstruction term is computed (see
 :func:`fedgraph_flwr.nn.hvgae.reconstruction_loss`); ``"auto"`` is the dense form up
@@ -122,7 +122,7 @@ MODEL_KEYS = ("pca.weight", "pca.bias", "clf.weight", "clf.bias")
 
 
 def output_width(num_classes: int) -> int:
-    """Binary tasks use one logit and BCE, as the released code (spec §2.3)."""
+    """Binary tasks use one logit and BCE, as the released code (docs/reading/fediih.md §2.3)."""
     return 1 if num_classes == 2 else num_classes
 
 
@@ -157,7 +157,8 @@ class FedIIHTrainer(SupervisedTrainer):
             dropout=config.dropout, routing_tau=opts.routing_tau,
             routing_kernel=opts.routing_kernel,
         ).to(device)
-        # α̂ ~ N(0, 1), local and persistent; α̃ ~ N(0, I) until the server sends one (§9.6).
+        # α̂ ~ N(0, 1), local and persistent; α̃ ~ N(0, I) until the server sends one
+        # (docs/reading/fediih.md §9.6).
         self.alpha_local = nn.Parameter(torch.randn(num_factors, factor_channels, device=device))
         self.alpha_global = torch.randn(num_factors, factor_channels, device=device)
         lr, wd = config.lr, config.weight_decay
@@ -319,14 +320,14 @@ class FedIIHTrainer(SupervisedTrainer):
 # Server math (pure numpy, float64)
 # --------------------------------------------------------------------------------------
 def global_factor_means(mu: np.ndarray) -> np.ndarray:
-    """α̃ = Σ_m μ̄_m / (M + σ²_H/σ²_α); mu [M, K, d_k] -> [K, d_k] (spec Eq. 12)."""
+    """α̃ = Σ_m μ̄_m / (M + σ²_H/σ²_α); mu [M, K, d_k] -> [K, d_k] (Eq. 12, docs/reading/fediih.md §3.6)."""
     mu = np.asarray(mu, dtype=np.float64)
     return mu.sum(0) / (mu.shape[0] + SIGMA2_H / SIGMA2_ALPHA)
 
 
 def gaussian_js(mu_a: np.ndarray, logvar_a: np.ndarray,
                 mu_b: np.ndarray, logvar_b: np.ndarray) -> np.ndarray:
-    """JS between diagonal Gaussians via the moment-matched midpoint (spec §4.1).
+    """JS between diagonal Gaussians via the moment-matched midpoint (docs/reading/fediih.md §4.1).
 
     JS = ½[KL(A‖M̄) + KL(B‖M̄)], M̄ = N((μ_A+μ_B)/2, (σ²_A+σ²_B)/2), each KL summed
     over the last axis. Inputs broadcast; output drops the last axis. Not bounded by ln 2.

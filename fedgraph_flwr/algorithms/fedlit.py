@@ -7,7 +7,7 @@ PyG): ``src/models/models.py`` (``multichannel_GCN``), ``src/models/client.py`` 
 clustering, training, download), ``src/models/server.py`` (centroid alignment,
 aggregation), ``src/utils/util.py`` (``_subgraph_byLinktype``), ``src/utils/setup_devices.py``
 and ``src/trainers/FedLIT_trainer.py`` (the loop), ``run_FedLIT_trainer.sh`` (settings);
-spec baselines.md §6.
+docs/reading/fedlit.md.
 
 Model (:class:`~fedgraph_flwr.nn.multichannel_gcn.MultiChannelGCN`): a shared projection
 h = feature1(x), K channels (Linear + L GCN layers, each on the subgraph of the edges of
@@ -22,7 +22,7 @@ Client, each local epoch (E = 1 in the paper), :meth:`FedLitTrainer.train`:
    Later calls: ``fedlit-em-iterations`` (1) EM steps (:func:`em_step`): each edge to
    argmax_k cos(e_uv, μ_k) (:func:`assign_types`), μ_k ← mean of its edges
    (:func:`update_centroids`; an empty cluster keeps its previous μ_k instead of the code's
-   NaN, spec §6.6.4).
+   NaN, docs/reading/fedlit.md §6.4).
 3. The channels run on the K edge subgraphs; cross-entropy on the training nodes; one Adam
    step. The Adam state persists across rounds (the code builds it once per client).
 4. Per cluster, the number of training nodes in its edge subgraph (``cluster_train``).
@@ -59,20 +59,20 @@ value = what the official code does):
 
 - ``fedlit-download`` (own): ``last-client`` reproduces the code's download loop, which runs
   over every (client, cluster) -> group entry of the server, not only the client's own
-  (spec §6.6.1): every client gets, in slot k, the global channel and centre of the
+  (docs/reading/fedlit.md §6.1): every client gets, in slot k, the global channel and centre of the
   mapping of the last client in the server's map (the order clients were first matched).
 - ``fedlit-match-map`` (matched): ``inverse`` reproduces the code's matcher, which stacks
   the cosine matrix as centres × clusters (``torch.stack([cos(client.centroids, cen) for
   cen in centers])``) but unpacks ``argmax`` as (cluster, centre), so it stores the inverse
   of the greedy permutation (identical for the identity and for swaps, not for 3-cycles);
   the centres, the channel averages and the download all follow the stored map. Not in
-  the spec; its commented-out sklearn line ``cosine_similarity(client.centroids, centers)``
+  docs/reading/fedlit.md; its commented-out sklearn line ``cosine_similarity(client.centroids, centers)``
   had the right orientation.
 - ``fedlit-evaluate`` (after-train): ``before-train`` scores the model (and centres) the
   server sent, before local training, as the code's loop does (it evaluates right after
   the download). after-train is the project's (FED-PUB's) protocol.
 
-No paper numbers exist on the project's protocol (spec §7.2); the paper's runs are
+No paper numbers exist on the project's protocol (docs/reading/fedlit.md §7); the paper's runs are
 PubMed-diabetes with oracle link types, and their settings (K = 4, 2 GCN layers, hidden
 64, lr 0.01, weight decay 5e-4, dropout 0.5, 1 local epoch, 100 rounds,
 ``run_FedLIT_trainer.sh``) are in ``configs/fedlit/``. Exact code:
@@ -81,7 +81,7 @@ PubMed-diabetes with oracle link types, and their settings (K = 4, 2 GCN layers,
 protocol table (its columns GCN / SGC / SAGE).
 
 Other code details: the code reports the *final* round's test accuracy and evaluates "val"
-on the training mask (spec §6.6.2): the engine's protocol (best-val round) is used instead.
+on the training mask (docs/reading/fedlit.md §6.2): the engine's protocol (best-val round) is used instead.
 On CPU, the code's evaluation clusters the edges as stored (u, v) rather than (min, max),
 so the two directions of an edge can get different types there; we use (min, max)
 everywhere, as its GPU path does. Its partial participation (``frac`` < 1) would fail (the

@@ -5,7 +5,7 @@ targets, local NeighGen; ``src/fedsage_plus.py``: ``train_fedgen``, ``train_fedS
 ``src/models/models.py``; ``src/models/feat_loss.py``; ``src/utils/mending_graph.py``
 ``fill_graph``; ``src/classifiers.py``; ``src/utils/config.py``), with OpenFGL's
 ``openfgl/flcore/fedsage_plus/{client,server,locsage_plus,_utils}.py`` read for comparison
-(spec baselines.md §1).
+(docs/reading/fedsage.md).
 
 Stages, on the engine's phases (``pretrain`` before round 1; then every round ``gen_send``,
 ``gen_grad``, ``gen_step`` and ``train``; a phase whose stage is over is a no-op that sends
@@ -46,11 +46,11 @@ and returns nothing):
 What leaves a client: in a generator round, ``vectors`` [n_sel, P, d] + ``slots`` [n_sel]
 (+ ``true_counts`` [n_sel] with ``cross-targets=random``) in ``gen_send`` and ``grads``
 [Σ_m n_sel(m), P, d] in ``gen_grad``: per-node values, the method's own published protocol
-(``per_node_arrays``; FedAux excludes such methods; spec §1.3). Every round: the
+(``per_node_arrays``; FedAux excludes such methods; docs/reading/fedsage.md §3). Every round: the
 classifier's parameters (in generator rounds unchanged, so the average is the initial
 model). A few scalar losses and counts as metrics.
 
-Switches where paper and code differ (spec §1.6; default first):
+Switches where paper and code differ (docs/reading/fedsage.md §6; default first):
 
 - ``fedsage-encoder`` sage | gcn: NeighGen's encoder and inner classifier. The paper and
   OpenFGL use GraphSAGE; the official code uses 2-layer row-normalised GCNs (with a ReLU
@@ -70,18 +70,18 @@ Switches where paper and code differ (spec §1.6; default first):
 - ``fedsage-mend-input`` impaired | full: which graph NeighGen reads when mending. Both
   codes run it on the impaired graph G' and attach the leaves to G''s nodes *inside the
   full local graph* (``fill_graph`` takes the original nodes and edges; hidden nodes get no
-  leaves). ``full`` runs it on the whole local graph, so every node gets leaves [I]. (The
-  spec's "[C] mends the impaired graph" describes the inner classifier's training-time
-  mend, which both codes and we do on G'.)
+  leaves). ``full`` runs it on the whole local graph, so every node gets leaves [I]. (Where
+  docs/reading/fedsage.md §3 says [C] "mends the impaired graph", that is the inner
+  classifier's training-time mend, which both codes and we do on G'.)
 
-The published figures (FedIIH/FedAux, copied from FED-PUB) come from FED-PUB's own
-FedSage+ run, whose settings are not available (spec §1.5); the paper's own numbers come
-from the official code (``encoder=gcn``, ``fed-train=fgen``, ``cross-targets=random``,
+The published figures (FedIIH/FedAux, copied from FED-PUB) come from FED-PUB's own FedSage+
+run, whose settings are not available (docs/reading/fedsage.md §5); the paper's own numbers
+come from the official code (``encoder=gcn``, ``fed-train=fgen``, ``cross-targets=random``,
 ``greedy-match=code``, ``mend-input=impaired``). Other differences from the code: the
 classifier runs on the whole graph (no [5, 5] neighbour sampling) with PyG's SAGEConv
-(summed, not concatenated, self and neighbour halves); a round is one generator epoch
-(the code's ``gen_epochs`` = 20 federated epochs = ``gen-rounds`` 20); slot counts are
-⌊n̂⌋ everywhere (the code's LocSage+ evaluation rounds, its FedSage+ truncates).
+(summed, not concatenated, self and neighbour halves); a round is one generator epoch (the
+code's ``gen_epochs`` = 20 federated epochs = ``gen-rounds`` 20); slot counts are ⌊n̂⌋
+everywhere (the code's LocSage+ evaluation rounds, its FedSage+ truncates).
 
 Hyperparameters (code's ``config.py``): P = 5, hidden portion 0.5, NeighGen hidden 32,
 latent 128, dropout 0.5, Adam lr 1e-3 and weight decay 1e-4, 20 pre-training epochs, 20

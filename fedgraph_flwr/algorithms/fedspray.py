@@ -5,7 +5,7 @@ and shares a **feature-structure encoder** g(ω) = {g_e, g_p, g_q} plus **class-
 structure proxies** S [d_c, d_s]. One client round (``train(E)``):
 
 1. *Teacher* (no gradient), from the global ω_{r-1} and S_{r-1}:
-   e = g_e(x), q = softmax(g_q(e)); unlabelled nodes get s_i = q_i S (Eq. 10 + §2.3);
+   e = g_e(x), q = softmax(g_q(e)); unlabelled nodes get s_i = q_i S (Eq. 10 + docs/reading/fedspray.md §2.3);
    labelled nodes get s_i = S[y_i] (paper) or keep their local proxy (switch below);
    p = softmax(g_p(e + s)) for every node.
 2. *Phase 1* (E Adam steps on θ): L_G = CE(y, ŷ) over V_L + λ1 · KL(p ‖ ŷ) over the KD set
@@ -50,7 +50,7 @@ Exact reproduction of the official code: local-labelled-proxies=True, kd-thresho
 gq-from-gp=True, uniform-init=True, per-client-init=True, gnn=sage, lambda1=1, lr=0.003,
 weight-decay=0, dropout=0, hidden=64, local-epochs=5 (rounds 500; the paper says 300).
 The paper's text says λ1 = 5 but the code passes 1 and the rebuttal numbers match 1
-(spec §11.1).
+(docs/reading/fedspray.md §11.1).
 
 Seeding: the GNN is built right after ``torch.manual_seed(seed)``, like
 :class:`~fedgraph_flwr.algorithms.local.LocalTrainer`, so every client starts from the same

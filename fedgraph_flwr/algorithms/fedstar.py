@@ -2,9 +2,9 @@
 
 Official code followed: ``yuetan031/FedStar`` (``lib/models.py`` ``GIN_dc``,
 ``lib/utils.py`` ``init_structure_encoding``, ``lib/server.py`` ``aggregate_weights_se``,
-``lib/client.py``; spec baselines.md §5); OpenFGL's ``openfgl/flcore/fedstar`` read for
+``lib/client.py``; docs/reading/fedstar.md); OpenFGL's ``openfgl/flcore/fedstar`` read for
 comparison. Both are for graph classification; this is the node-level adaptation FedSpray
-compares against (its Appendix B.2 gives no details; spec §5.3 [I]).
+compares against (its Appendix B.2 gives no details; docs/reading/fedstar.md §3 [I]).
 
 Each client holds a feature-structure decoupled GNN
 (:class:`~fedgraph_flwr.nn.fedstar_net.FedStarNet`): a **feature branch** on [h ‖ s] at every
@@ -25,7 +25,7 @@ What leaves a client each round: the structure branch's parameters
 (``structure_embed.*``: h × (R+G) + h; ``structure_convs.*``: L × (h × h + h)). Nothing
 that scales with the node count, fewer floats than FedAvg. (FedAux's paper excludes FedStar
 as "leaking node embeddings, connectivities, or local gradients"; neither the code nor this
-implementation uploads anything per node: spec §5.4 records that as their judgement.)
+implementation uploads anything per node: docs/reading/fedstar.md §4 records that as their judgement.)
 
 Options: ``fedstar-gnn`` picks the feature branch's layers: ``gcn`` (default) or ``sage`` as
 in FedSpray's node-level table (its SGC column has no counterpart: the decoupled design
@@ -33,7 +33,7 @@ concatenates s at every layer), or ``gin`` as in the official (graph-level) code
 ``fedstar-rw-steps`` / ``fedstar-degree-slots`` / ``fedstar-encoding`` are the code's
 ``n_rw``, ``n_dg`` and ``type_init``. The shared set is named explicitly
 (:data:`~fedgraph_flwr.nn.fedstar_net.STRUCTURE_PREFIXES`) rather than by the code's
-substring test ``"_s" in name`` (spec §5.6.1).
+substring test ``"_s" in name`` (docs/reading/fedstar.md §6.1).
 
 Paper/code differences are those of the adaptation: no graph pooling (the code's ``Whp``
 -> add-pool -> ``post`` -> readout becomes ``combine`` -> ``post`` -> readout per node) and full

@@ -9,7 +9,7 @@ downloads (run-config ``download``, on by default): through the PyG class's own
 the files), into a temporary folder whose files are moved into ``raw/`` only when all
 of them arrived.
 
-Preprocessing (fedaux.md §5, fediih.md §7, fedspray.md §6):
+Preprocessing (docs/reading/fedaux.md §5, docs/reading/fediih.md §7, docs/reading/fedspray.md §6):
 
 - Planetoid, Amazon: LargestConnectedComponents + NormalizeFeatures.
 - ogbn-arxiv, heterophilous sets: ToUndirected + LargestConnectedComponents (shipped splits discarded).

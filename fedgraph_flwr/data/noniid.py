@@ -1,7 +1,7 @@
 """Partition diagnostics: label histograms, edge cut and FedAux's non-IIDness ξ.
 
-FedAux (spec ``fedaux.md`` §3, Eqs. 62–63; Table 4) measures how non-IID a partition
-is by ξ = JSD + MMD:
+FedAux (docs/reading/fedaux.md §3, Eqs. 62–63; Table 4, §7.3) measures how non-IID
+a partition is by ξ = JSD + MMD:
 
 - **JSD** (Eq. 62) = (1/K) Σ_k ½[KL(P_k‖R_k) + KL(P‖R_k)], R_k = ½(P_k + P): the mean
   over clients of the Jensen–Shannon divergence between client k's label distribution
@@ -13,7 +13,7 @@ is by ξ = JSD + MMD:
   the kernel mean embedding of client k's propagated features Z_k = A_k X_k (A_k the
   client's raw, unnormalised adjacency without self loops, X_k its features as
   loaded, i.e. row-normalised for Planetoid/Amazon). The kernel is unstated; chosen
-  (spec §10 item 16): the Gaussian RBF k(x, y) = exp(−‖x−y‖² / (2h²)) with bandwidth
+  (docs/reading/fedaux.md §10.16): the Gaussian RBF k(x, y) = exp(−‖x−y‖² / (2h²)) with bandwidth
   h = the median pairwise Euclidean distance over the pooled Z of all clients (the
   "median heuristic"; on a seeded subsample of at most ``bandwidth_sample`` rows when
   the pool is larger; if that median is 0, the median of the non-zero distances).

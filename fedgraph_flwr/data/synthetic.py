@@ -3,9 +3,9 @@
 - :func:`sbm_edge_index`: exact stochastic-block-model sampling (every node pair is an
   independent Bernoulli), done per block pair with a binomial count plus sampling
   without replacement, so the cost is O(#blocks² + #edges), not O(N²).
-- :func:`fedaux_sbm`: FedAux paper App. D.4 (spec fedaux.md §7.7), 20 blocks of 150.
-- :func:`csbm`: a contextual SBM in the spirit of FedSpray's Proposition 3.1 (spec
-  fedspray.md §10): per client a majority class, minority nodes whose neighbours are
+- :func:`fedaux_sbm`: FedAux paper App. D.4 (docs/reading/fedaux.md §7.7), 20 blocks of 150.
+- :func:`csbm`: a contextual SBM in the spirit of FedSpray's Proposition 3.1
+  (docs/reading/fedspray.md §10): per client a majority class, minority nodes whose neighbours are
   mostly majority-class, Gaussian features around class means.
 
 Both graph builders store ``block`` (int64 [N], the intended client of each node), which

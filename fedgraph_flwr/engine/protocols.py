@@ -7,7 +7,7 @@ below is reported for every algorithm:
 - ``held``: the papers' headline (FedAux, FedIIH, FED-PUB): mean test metric over all
   clients' held models at the round of best mean validation metric, and each client's
   test metric at its own best-validation round.
-- ``pooled``: FedSpray's (fedspray.md §7): the round of lowest pooled validation loss,
+- ``pooled``: FedSpray's (docs/reading/fedspray.md §7): the round of lowest pooled validation loss,
   and there the pooled (micro) overall, minority and majority test accuracy.
 """
 
@@ -68,7 +68,7 @@ def held_means(rounds: list[RoundLog], client_ids: list[int]) -> dict[int, tuple
 
 
 def pooled_at_best_val_loss(rounds: list[RoundLog], client_ids: list[int]) -> dict[str, Any]:
-    """FedSpray's protocol (fedspray.md §7): the round of lowest pooled validation
+    """FedSpray's protocol (docs/reading/fedspray.md §7): the round of lowest pooled validation
     loss Σ_k CE_k·|val_k| / Σ_k |val_k|, and there the pooled (micro) overall,
     minority and majority test accuracy, plus the macro figures (unweighted means
     over clients of their own overall and minority accuracy). Empty if no round has

@@ -64,7 +64,7 @@ class Roster:
         """The round's participants: all, or a seeded ``fraction`` of them."""
         if self.fraction >= 1.0:
             return list(self.client_ids)
-        # The FedIIH reference's rule (spec fediih.md §10.6):
+        # The FedIIH reference's rule (docs/reading/fediih.md §10.6):
         # np.random.seed(seed + r); choice(M, round(M * frac), replace=False).
         k = max(1, round(self.fraction * len(self.client_ids)))
         rng = np.random.RandomState(self.seed + server_round)

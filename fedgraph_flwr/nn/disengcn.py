@@ -7,7 +7,7 @@ parameters: each node's factor-k embedding is its own plus the neighbours'
 factor-k embeddings, weighted by how much each neighbour "belongs" to factor k
 (a softmax over factors of cosine agreement), re-normalised, T times.
 
-Layer stack as in the released FedIIH code (spec §2.3, §9.11): projection →
+Layer stack as in the released FedIIH code (docs/reading/fediih.md §2.3, §9.11): projection →
 LeakyReLU → dropout, then ``L_c`` routing layers (each → LeakyReLU → dropout),
 then a linear classifier ``clf`` on the trunk output. The μ/σ branches of the
 HVGAE sit on top of the same trunk (see :mod:`fedgraph_flwr.nn.hvgae`).
@@ -59,7 +59,7 @@ def activation(x: torch.Tensor, dropout: float, training: bool, fused: bool) -> 
 def routing_layer_split(num_routing_layers: int) -> tuple[int, int]:
     """Map the "# routing layers" hyperparameter L to (trunk layers, layers per μ/σ branch).
 
-    L ≤ 2 → (1, 1); L > 2 → (L − 2, 2)  (spec §9.11).
+    L ≤ 2 → (1, 1); L > 2 → (L − 2, 2)  (docs/reading/fediih.md §9.11).
     """
     if num_routing_layers < 1:
         raise ValueError(f"routing layers must be >= 1, got {num_routing_layers}")

@@ -1,6 +1,6 @@
 """The FedAux client model: (masked) L-layer GCN, APV soft-sorting branch, classifier head.
 
-Forward (spec §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
+Forward (docs/reading/fedaux.md §2.3), x [N, d], edge_index [2, m] -> logits [N, C]::
 
     h = dropout(relu(convL(... dropout(relu(conv1(x))))))  h [N, d']   (L = 2 by default)
     s = score(h, apv)                                        s [N]

@@ -6,7 +6,7 @@ FED-PUB's ``models/nets.py`` ``GCN`` (hidden width h, dropout 0.5)::
     h² = relu(conv2(dropout(h¹), A))            [n, h]
     logits = clsif(dropout(h²))                 [n, C]
 
-FedGNN's expansion (spec baselines.md §2.2 [I]) adds m *virtual* nodes at the second
+FedGNN's expansion (docs/reading/fedgnn.md §2 [I]) adds m *virtual* nodes at the second
 layer: feature-less nodes whose layer-2 input is a received embedding ``virtual`` [m, h]
 (another client's h¹ of a node this client does not hold), linked to the real nodes
 they neighbour by ``virtual_edges`` [2, k] (row 0: virtual index in 0..m-1, row 1: real

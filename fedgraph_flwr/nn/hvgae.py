@@ -1,21 +1,21 @@
-"""FedIIH's hierarchical variational graph autoencoder (HVGAE), spec §3.
+"""FedIIH's hierarchical variational graph autoencoder (HVGAE), docs/reading/fediih.md §3.
 
 Pieces, each usable alone:
 
 - :class:`VariationalRoutingBranches`: the parameter-free μ- and σ-branches
   (routing layers on the DisenGCN trunk output); the σ-branch output is read as a
-  log-variance (released code, spec §9.7).
+  log-variance (released code, docs/reading/fediih.md §9.7).
 - :func:`reparameterize`: H̃ = μ + ε ⊙ exp(ℓ/2).
 - :func:`reconstruction_loss`: mean over all n² pairs of
   BCEWithLogits(r_iᵀ r_j, A_ij) (inner-product decoder, diagonal included, no
   pos_weight), computed ``"dense"`` (n×n, small graphs only), ``"blockwise"``
   (exact, O(block·n) memory, custom backward) or ``"sampled"`` (unbiased
   estimate from uniformly sampled columns; edges exact).
-- :func:`hvgae_loss`: the released code's loss (spec §3.7) with the learnable
+- :func:`hvgae_loss`: the released code's loss (docs/reading/fediih.md §3.7) with the learnable
   local factor means α̂ [K, d_k] and the server's global means α̃ [K, d_k].
 - :func:`standard_prior_loss` and :func:`graph_autoencoder_loss`: the ablations'
   losses without the hierarchical prior ("w/o HM") and without variational
-  inference ("w/o VI"), spec §9 item 18.
+  inference ("w/o VI"), docs/reading/fediih.md §9.18.
 """
 
 from __future__ import annotations
@@ -210,14 +210,15 @@ def hvgae_loss(
     num_columns: int = 256,
     block_rows: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """The released code's L_HVGAE (spec §3.7); every term has weight 1.
+    """The released code's L_HVGAE (docs/reading/fediih.md §3.7); every term has weight 1.
 
     mu, logvar [n, K, d_k]; alpha_local α̂ [K, d_k] (learnable); alpha_global α̃
     [K, d_k] (from the server). Returns the terms and ``"loss"``:
 
-    - ``log_prior``: Σ_k mean_j log N(α̂^k_j; 0, 1), *added* as the code does (§9.9);
+    - ``log_prior``: Σ_k mean_j log N(α̂^k_j; 0, 1), *added* as the code does (docs/reading/fediih.md §9.9);
     - ``kl_alpha``: Σ_k mean_j KL(N(α̂, s²) ‖ N(α̃, s²)) = Σ_k mean 2(α̂−α̃)²;
-    - ``kl_data``: Σ_k mean_{i,j} KL(N(μ^k_ij, e^ℓ) ‖ N(α̂^k_j, s²)) (α̂ as prior mean, §3.7);
+    - ``kl_data``: Σ_k mean_{i,j} KL(N(μ^k_ij, e^ℓ) ‖ N(α̂^k_j, s²)) (α̂ as prior mean,
+      docs/reading/fediih.md §3.7);
     - ``recon``: mean over n² pairs of BCE(H̃_i ᵀ H̃_j, A_ij), H̃ reparameterised.
     """
     log_prior = log_standard_normal(alpha_local).mean(-1).sum()
