@@ -133,8 +133,20 @@ NODES_KEY = "num-nodes"
 GLOBAL_VAL, GLOBAL_TEST = "global_val_metric", "global_test_metric"
 
 
+# `adafgl-reproduce`: the profiles, the default first (docs/methods/adafgl.md).
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {
+        "extractor": "chebnet", "checkpoint": "best", "fresh_optimizer": True,
+        "schedule": "one-round", "combine": "switch", "lp_train_boost": True, "alpha": 0.05,
+        "beta": 0.2,
+    },
+    "openfgl": {"schedule": "epoch-per-round", "combine": "soft", "alpha": 0.5, "beta": 0.0},
+    "paper": {"checkpoint": "final"},
+}
+
+
 @dataclass(frozen=True)
-class AdaFGLOptions(Options, prefix="adafgl"):
+class AdaFGLOptions(Options, prefix="adafgl", profiles=PROFILES):
     """AdaFGL's knobs (``adafgl-*``); defaults = the official code's ``config.py``."""
 
     rounds_step1: int = option(98, "R1: federated rounds of the knowledge extractor (code 100 "

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -96,8 +96,20 @@ CONFIDENCE_KEY = "confidence"
 LOG_EPS = 1e-8  # the code's eps inside log(p + eps)
 
 
+# `fedgta-reproduce`: the profiles, the default first (docs/methods/fedgta.md).
+# `default`: the official backbone and label propagation, the FED-PUB protocol's scoring.
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "official": {
+        "backbone": "gamlp", "gate_layout": "code", "lp_train_boost": True, "lp": "code",
+        "evaluate": "before-train",
+    },
+    "openfgl": {"backbone": "gcn", "lp": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FedGTAOptions(Options, prefix="fedgta"):
+class FedGTAOptions(Options, prefix="fedgta", profiles=PROFILES):
     """FedGTA's knobs (``fedgta-*``); defaults = the paper with the code's Cora settings."""
 
     backbone: str = option("gamlp", "gamlp (official code, FedIIH) | gcn (FedAux's re-run, "

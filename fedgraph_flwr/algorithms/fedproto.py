@@ -55,8 +55,15 @@ PROTOTYPES_KEY = "prototypes"
 FLAVOURS = ("official", "openfgl")
 
 
+# `fedproto-reproduce`: the profiles, the default first (docs/methods/fedproto.md).
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"flavour": "official"},
+    "openfgl": {"flavour": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FedProtoOptions(Options, prefix="fedproto"):
+class FedProtoOptions(Options, prefix="fedproto", profiles=PROFILES):
     """FedProto's knobs (``fedproto-*``)."""
 
     weight: float = option(1.0, "weight λ of the prototype regulariser (official --ld)", low=0.0)

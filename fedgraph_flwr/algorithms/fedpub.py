@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -65,8 +65,15 @@ EMBEDDING_KEY = "functional-embedding"
 CLASSIFIER_INITS = ("glorot", "xavier")
 
 
+# `fedpub-reproduce`: the profiles, the default first (docs/methods/fedpub.md).
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"reg_grad": True},
+    "official": {"reg_grad": False},
+}
+
+
 @dataclass(frozen=True)
-class FedPubOptions(Options, prefix="fedpub"):
+class FedPubOptions(Options, prefix="fedpub", profiles=PROFILES):
     """FED-PUB's knobs (``fedpub-*``); defaults = the FED-PUB code's."""
 
     tau: float = option(10.0, "softmax scale τ of the server's similarity weights (0 = uniform)",

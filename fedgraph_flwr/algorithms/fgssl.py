@@ -77,8 +77,16 @@ FLAVOURS = ("paper", "official", "openfgl")
 CONTRAST_BLOCK = 4096
 
 
+# `fgssl-reproduce`: the profiles, the default first (docs/methods/fgssl.md).
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"flavour": "paper"},
+    "official": {"flavour": "official"},
+    "openfgl": {"flavour": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FGSSLOptions(Options, prefix="fgssl"):
+class FGSSLOptions(Options, prefix="fgssl", profiles=PROFILES):
     """FGSSL's knobs (``fgssl-*``), the official code's values."""
 
     flavour: str = option("paper", "paper (FNSC + FGSD with the global model) | official "

@@ -53,8 +53,15 @@ def control_key(name: str) -> str:
     return CONTROL_PREFIX + name
 
 
+# `scaffold-reproduce`: the profiles, the default first (docs/methods/scaffold.md).
+PROFILES: dict[str, dict[str, Any]] = {
+    "openfgl": {"optimizer": "adam", "weighting": "train"},
+    "paper": {"optimizer": "sgd", "weighting": "uniform"},
+}
+
+
 @dataclass(frozen=True)
-class ScaffoldOptions(Options, prefix="scaffold"):
+class ScaffoldOptions(Options, prefix="scaffold", profiles=PROFILES):
     """SCAFFOLD's knobs (``scaffold-*``)."""
 
     optimizer: str = option("adam", "local optimizer the corrected gradient goes through: adam "
