@@ -247,6 +247,11 @@ class Options:
         return tuple(dict.fromkeys(name for switches in cls.profiles.values() for name in switches))
 
     @classmethod
+    def field_name(cls, key: str) -> str:
+        """The field name of run-config ``key``."""
+        return next(f.name for f in cls._fields() if f.key == key)
+
+    @classmethod
     def profile_key(cls) -> str | None:
         """``<prefix>-reproduce``, or None for a class without profiles."""
         return cls.key(PROFILE_FIELD) if cls.profiles else None
@@ -301,7 +306,7 @@ class Options:
         if cls.profiles:
             profile = str(given.get(PROFILE_FIELD, next(iter(cls.profiles))))
             for key, value in cls.profile_values(profile).items():
-                given.setdefault(next(f.name for f in cls._fields() if f.key == key), value)
+                given.setdefault(cls.field_name(key), value)
         return cls(**given)
 
     def to_config(self) -> dict[str, Any]:
