@@ -13,6 +13,7 @@ page's end) from its options' ``profiles`` (:mod:`fedgraph_flwr.core.options`).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if algo.options.profiles:
             page = args.methods_dir / f"{algo.name}.md"
             status = max(status, write_or_check(
-                page, lambda text, algo=algo: page_with_profiles(text, algo), check=args.check,
+                page, functools.partial(page_with_profiles, algo=algo), check=args.check,
                 stale=f"{page}'s profiles table is stale: run python -m fedgraph_flwr.docs_tables --write"))
     return status
 
