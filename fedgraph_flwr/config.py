@@ -515,7 +515,7 @@ def app_config_defaults() -> dict[str, Any]:
     """What ``[tool.flwr.app.config]`` holds: :func:`all_defaults` but the switches the
     methods' reproduction profiles set (those are taken from a ``config-file`` or
     ``overrides``; Flower refuses a ``--run-config`` key its block lacks)."""
-    switches = {key for algo in ALGORITHMS.values() for key in algo.options.switch_keys()}
+    switches = {key for algo in ALGORITHMS.values() for key in algo.options.behaviour_switch_keys()}
     return {key: value for key, value in all_defaults().items() if key not in switches}
 
 
@@ -654,12 +654,12 @@ def pyproject_block() -> str:
         if not docs:
             continue
         lines.append(f"# {algo.name} ({algo.options.__module__}.{algo.options.__name__})")
-        switches = set(algo.options.switch_keys())
+        switches = set(algo.options.behaviour_switch_keys())
         lines += [f"{key} = {_toml_value(value)}  # {docs[key]}"
                   + (f" (must be {ranges[key]})" if key in ranges else "")
                   for key, value in algo.config_defaults.items() if key not in switches]
         if switches:
-            lines.append(f"# ({len(switches)} switches set by {algo.options.profile_key()}: "
+            lines.append(f"# ({len(switches)} more switches, set by {algo.options.profile_key()}: "
                          f"docs/methods/{algo.name}.md; set them in a config-file)")
     return "\n".join(lines) + "\n" + PYPROJECT_END
 

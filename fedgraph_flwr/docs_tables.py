@@ -115,15 +115,21 @@ def profiles_section(algo: Algorithm) -> str:
     kind = algo.options
     key, default = kind.profile_key(), next(iter(kind.profiles))
     switches = kind.switch_keys()
+    numbers = [f"`{k}`" for k in switches if k not in kind.behaviour_switch_keys()]
+    hidden = ("The switches that choose a behaviour are not in pyproject's "
+              "`[tool.flwr.app.config]`, and Flower refuses a `--run-config` key that block "
+              "lacks: set them in a YAML file named by `config-file` (or in the experiment "
+              "runner's overrides). ")
+    if numbers:
+        hidden += (f"The numbers a profile sets ({', '.join(numbers)}) stay in the block as "
+                   f"tuning keys; there a value equal to the key's default counts as unset "
+                   f"(Flower hands the ServerApp every key), so the profile's applies. ")
     lines = [PROFILES_BEGIN.rstrip("\n"),
              f"`{key}` sets the method's {len(switches)} paper / official-code / OpenFGL "
              f"switches at once; the default, `{default}`, is the switches' own defaults, what "
              f"runs without the key have always used. A switch set explicitly wins over the "
-             f"profile (a file in `configs/` that sets one keeps it). The switches "
-             f"are not in pyproject's `[tool.flwr.app.config]`, and Flower refuses a "
-             f"`--run-config` key that block lacks: set them in a YAML file named by "
-             f"`config-file` (or in the experiment runner's overrides). A profile leaves a "
-             f"switch it does not name (blank below) at its default.",
+             f"profile (a file in `configs/` that sets one keeps it). {hidden}"
+             f"A profile leaves a key it does not name (blank below) at its default.",
              "",
              "| profile | " + " | ".join(f"`{k}`" for k in switches) + " |",
              "|---|" + "---|" * len(switches)]

@@ -178,7 +178,7 @@ def profile_switch(key: str) -> str | None:
     if owner is None:
         return None
     options = ALGORITHMS[owner].options
-    if key not in options.switch_keys():
+    if key not in options.behaviour_switch_keys():
         return None
     return (f"{key} is a switch of {options.profile_key()} (docs/methods/{owner}.md), not in "
             f"[tool.flwr.app.config], and Flower refuses --run-config keys that block lacks: "

@@ -18,7 +18,7 @@ def test_pyproject_mirrors_every_default():
     flwr_config = pyproject["tool"]["flwr"]["app"]["config"]
     assert flwr_config == app_config_defaults()
     # Left out: only the switches a reproduction profile sets.
-    assert {key for algo in ALGORITHMS.values() for key in algo.options.switch_keys()} == (
+    assert {key for algo in ALGORITHMS.values() for key in algo.options.behaviour_switch_keys()} == (
         set(all_defaults()) - set(flwr_config))
 
 

@@ -68,7 +68,7 @@ CLASSIFIER_INITS = ("glorot", "xavier")
 # `fedpub-reproduce`: the profiles, the default first (docs/methods/fedpub.md).
 PROFILES: dict[str, dict[str, Any]] = {
     "paper": {"reg_grad": True},
-    "official": {"reg_grad": False},
+    "official": {"reg_grad": False, "tau": 3.0},
 }
 
 

@@ -168,7 +168,7 @@ class Options:
             cls.profiles = {name: dict(switches) for name, switches in profiles.items()}
             names = tuple(cls.profiles)
             doc = (f"reproduction profile: {' | '.join(names)}; sets "
-                   f"{len(cls.switches())} switches (see the method's page)")
+                   f"{len(cls.switches())} keys (see the method's page)")
             cls.__annotations__ = {PROFILE_FIELD: "str",
                                    **cls.__dict__.get("__annotations__", {})}
             setattr(cls, PROFILE_FIELD, option(names[0], doc, choices=names))
@@ -258,8 +258,17 @@ class Options:
 
     @classmethod
     def switch_keys(cls) -> tuple[str, ...]:
-        """Run-config keys some profile sets (kept out of pyproject's block)."""
+        """Run-config keys some profile sets."""
         return tuple(cls.key(name) for name in cls.switches())
+
+    @classmethod
+    def behaviour_switch_keys(cls) -> tuple[str, ...]:
+        """The :meth:`switch_keys` that choose a behaviour (a bool, or a str of choices): kept
+        out of pyproject's block. The numbers a profile sets (a code's weight, a period)
+        stay there, as the method's tuning keys."""
+        fields = {f.key: f for f in cls._fields()}
+        return tuple(key for key in cls.switch_keys()
+                     if fields[key].kind is bool or fields[key].spec.choices is not None)
 
     @classmethod
     def check_profiles(cls) -> None:
