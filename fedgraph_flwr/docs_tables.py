@@ -131,6 +131,9 @@ def profiles_section(algo: Algorithm) -> str:
              f"profile (a file in `configs/` that sets one keeps it). {hidden}"
              f"A profile leaves a key it does not name (blank below) at its default.",
              "",
+             f"**Published numbers:** {kind.published}" if kind.published else
+             "**Published numbers:** not said.",
+             "",
              "| profile | " + " | ".join(f"`{k}`" for k in switches) + " |",
              "|---|" + "---|" * len(switches)]
     for profile, chosen in kind.profiles.items():

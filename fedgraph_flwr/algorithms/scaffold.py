@@ -54,6 +54,10 @@ def control_key(name: str) -> str:
 
 
 # `scaffold-reproduce`: the profiles, the default first (docs/methods/scaffold.md).
+PUBLISHED = (
+    "`openfgl` (the default) is the one compared with OpenFGL on its Cora METIS-10 files (this "
+    "page)."
+)
 PROFILES: dict[str, dict[str, Any]] = {
     "openfgl": {"optimizer": "adam", "weighting": "train"},
     "paper": {"optimizer": "sgd", "weighting": "uniform"},
@@ -61,7 +65,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class ScaffoldOptions(Options, prefix="scaffold", profiles=PROFILES):
+class ScaffoldOptions(Options, prefix="scaffold", profiles=PROFILES, published=PUBLISHED):
     """SCAFFOLD's knobs (``scaffold-*``)."""
 
     optimizer: str = option("adam", "local optimizer the corrected gradient goes through: adam "

@@ -14,7 +14,8 @@ value to the field's type (bool, int, float or str) and checks it; a bad value r
     # ConfigError: fedaux-sigma=-1.0 is out of range: must be > 0
 
 A method whose code can follow its paper, its official code or OpenFGL passes
-``profiles`` (profile value -> ``{field name: value}``), its default profile first::
+``profiles`` (profile value -> ``{field name: value}``), its default profile first, and
+``published`` (which profile reproduces which published figures; shown on its page)::
 
     class FGGPOptions(Options, prefix="fggp", profiles={
             "official": {"flavour": "official", "knn_every": 20},
@@ -156,13 +157,17 @@ class Options:
     prefix: ClassVar[str] = ""
     #: Profile value -> ``{switch field name: value}``; the first is the default.
     profiles: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: Which profile reproduces which published figures, and where that is shown (one line).
+    published: ClassVar[str] = ""
 
     def __init_subclass__(cls, prefix: str = "",
                           profiles: Mapping[str, Mapping[str, Any]] | None = None,
-                          **kwargs: Any) -> None:
+                          published: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if prefix:
             cls.prefix = prefix
+        if published:
+            cls.published = published
         if profiles:
             # Runs before @dataclass reads the class: the profile key becomes its first field.
             cls.profiles = {name: dict(switches) for name, switches in profiles.items()}
