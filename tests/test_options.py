@@ -257,3 +257,15 @@ def test_a_bad_profile_declaration_is_refused():
 
     with pytest.raises(TypeError, match="sets mode='c', which is not one of a, b"):
         Invalid.check_profiles()
+
+
+def test_a_run_saved_before_the_profiles_is_not_stale_under_the_profile_that_sets_its_switches():
+    from fedgraph_flwr.experiments import stale_keys
+
+    saved = resolve_config(None, {"algorithm": "feddc", "feddc-flavour": "openfgl", "feddc-alpha": 0.1,
+                                  "feddc-optimizer": "adam"}).to_config()
+    del saved["feddc-reproduce"]  # as results.json files written before the key
+    now = resolve_config(None, {"algorithm": "feddc", "feddc-reproduce": "openfgl"})
+    assert stale_keys(saved, now) == []
+    assert stale_keys(saved, resolve_config(None, {"algorithm": "feddc"})) == [
+        "feddc-alpha", "feddc-flavour", "feddc-optimizer"]
