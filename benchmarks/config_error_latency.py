@@ -31,7 +31,8 @@ from flwr_run_rounds import stop_superlink  # this folder is on sys.path when ru
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (
     "fedaux-sigma=-1",
-    "algorithm='fedspray' fedspray-kd-threshold=1.5",
+    # (was fedspray-kd-threshold=1.5, now a profile switch that --run-config cannot set)
+    "algorithm='fedspray' fedspray-lambda1=-1.0",
     "algorithm='fedaux' fedpub-tau=5.0",
     "fedaux-sigmaa=2",
 )

@@ -287,7 +287,11 @@ class ClientConfig(ClientSettings, _WithOptions):
     def with_keys(self, keys: Mapping[str, Any]) -> Self:
         """This config with some run-config keys (or round facts) replaced, checked again; a
         new ``algorithm`` takes its options from ``keys`` (the others' keys are ignored)."""
-        return type(self).from_config({**ClientConfig.to_config(self), **keys})
+        current = ClientConfig.to_config(self)
+        if self.options.profile_key() in keys:  # the new profile sets the switches keys leave out
+            for key in self.options.switch_keys():
+                current.pop(key, None)
+        return type(self).from_config({**current, **keys})
 
     def without_round_facts(self) -> Self:
         """This config with every round fact at its default: what may shape a model, the
@@ -448,8 +452,12 @@ class RunConfig(ServerSettings, ClientConfig):
         values = {**self.to_config(), **changes}
         if values["run-name"] == self.replace(run_name="").resolved_run_name:
             del values["run-name"]  # the name the server derives: let it derive it again
+        profile_key = self.options.profile_key()
+        # Switches at their profile's value are left to the profile (pyproject lacks their keys).
+        profiled = self.options.profile_values(str(values[profile_key])) if profile_key else {}
         return " ".join(f"{key}={_run_config_value(value)}" for key, value in values.items()
-                        if key not in defaults or defaults[key] != value)
+                        if (key not in defaults or defaults[key] != value)
+                        and not (key in profiled and profiled[key] == value))
 
     def replace(self, **changes: Any) -> Self:
         """This config with some fields replaced (field names, ``run_name=...``), checked again."""
@@ -501,6 +509,14 @@ def all_defaults() -> dict[str, Any]:
                 raise RuntimeError(f"algorithm {algo.name!r} redefines key {key!r}")
             out[key] = value
     return out
+
+
+def app_config_defaults() -> dict[str, Any]:
+    """What ``[tool.flwr.app.config]`` holds: :func:`all_defaults` but the switches the
+    methods' reproduction profiles set (those are taken from a ``config-file`` or
+    ``overrides``; Flower refuses a ``--run-config`` key its block lacks)."""
+    switches = {key for algo in ALGORITHMS.values() for key in algo.options.behaviour_switch_keys()}
+    return {key: value for key, value in all_defaults().items() if key not in switches}
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -628,7 +644,9 @@ def _run_config_value(value: Any) -> str:
 
 def pyproject_block() -> str:
     """The generated ``[tool.flwr.app.config]`` block, markers included: the common keys,
-    then each algorithm's options in registration order, each with its doc."""
+    then each algorithm's options in registration order, each with its doc, but the
+    switches its reproduction profile sets (Flower refuses a ``--run-config`` key the block
+    lacks, so those are set in a ``config-file``)."""
     lines = [PYPROJECT_BEGIN.rstrip("\n"), "[tool.flwr.app.config]", "# common keys"]
     lines += [f"{key} = {_toml_value(value)}" for key, value in common_defaults().items()]
     for algo in ALGORITHMS.values():
@@ -636,9 +654,13 @@ def pyproject_block() -> str:
         if not docs:
             continue
         lines.append(f"# {algo.name} ({algo.options.__module__}.{algo.options.__name__})")
+        switches = set(algo.options.behaviour_switch_keys())
         lines += [f"{key} = {_toml_value(value)}  # {docs[key]}"
                   + (f" (must be {ranges[key]})" if key in ranges else "")
-                  for key, value in algo.config_defaults.items()]
+                  for key, value in algo.config_defaults.items() if key not in switches]
+        if switches:
+            lines.append(f"# ({len(switches)} more switches, set by {algo.options.profile_key()}: "
+                         f"docs/methods/{algo.name}.md; set them in a config-file)")
     return "\n".join(lines) + "\n" + PYPROJECT_END
 
 

@@ -282,13 +282,14 @@ def stale_keys(saved: dict[str, Any], config: RunConfig) -> list[str]:
     """Keys that change results where a saved run's config differs from ``config``.
 
     Only the common keys and the run's algorithm's own keys count; other algorithms'
-    switches cannot change its numbers.
+    switches cannot change its numbers, nor can ``<method>-reproduce`` itself (the switches
+    it set are compared; runs saved before it existed lack it).
     """
     from .config import common_defaults
 
     saved = saved_config(saved)
     current = config.to_config()
-    own = set(common_defaults()) | set(config.options.keys())
+    own = (set(common_defaults()) | set(config.options.keys())) - {config.options.profile_key()}
     return sorted(k for k in own - set(NOT_RESULT_KEYS)
                   if json.dumps(saved.get(k), default=str) != json.dumps(current.get(k), default=str))
 

@@ -169,6 +169,22 @@ def federation_size(options: dict[str, list[str]]) -> int | None:
     return size
 
 
+def profile_switch(key: str) -> str | None:
+    """Why Flower refuses ``key`` where it is a switch of a method's reproduction profile
+    (kept out of pyproject's block), or None; imports that method only."""
+    from .core.registry import ALGORITHMS
+
+    owner = ALGORITHMS.owner_of(key)
+    if owner is None:
+        return None
+    options = ALGORITHMS[owner].options
+    if key not in options.behaviour_switch_keys():
+        return None
+    return (f"{key} is a switch of {options.profile_key()} (docs/methods/{owner}.md), not in "
+            f"[tool.flwr.app.config], and Flower refuses --run-config keys that block lacks: "
+            f"set {options.profile_key()}, or {key} in a YAML file named by config-file")
+
+
 def config_error(args: Sequence[str]) -> str | None:
     """The one-line error this command's run would stop with, found before anything is
     submitted, or None. Checked here: the ServerApp's own config check on the
@@ -185,6 +201,9 @@ def config_error(args: Sequence[str]) -> str | None:
     keys = app_config_keys(app)
     unknown = sorted(set(values) - keys) if keys else []
     if unknown:
+        switch = profile_switch(unknown[0])
+        if switch:
+            return f"{ERROR_LINE}{switch}"
         close = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(keys))}"
         return f"{ERROR_LINE}unknown config key {unknown[0]!r}{hint}"

@@ -50,3 +50,24 @@ def test_a_readme_without_markers_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="BEGIN/END"):
         docs_tables.readme_with_table(readme.read_text())
     assert docs_tables.main(["--check", "--readme", str(readme)]) == 2
+
+
+def test_every_page_of_a_method_with_profiles_has_its_current_profiles_table(tmp_path) -> None:
+    with_profiles = [algo for algo in docs_tables.documented_algorithms() if algo.options.profiles]
+    assert len(with_profiles) == 18
+    for algo in with_profiles:
+        text = docs_tables.method_page(algo.name).read_text()
+        assert docs_tables.page_with_profiles(text, algo) == text, (
+            f"{algo.name}'s profiles table is stale: run python -m fedgraph_flwr.docs_tables --write")
+        assert f"`{algo.options.profile_key()}`" in text and "## Reproduction profiles" in text
+    # A stale page is caught and rewritten (the table only).
+    pages = tmp_path / "methods"
+    pages.mkdir()
+    for algo in with_profiles:
+        (pages / f"{algo.name}.md").write_text(docs_tables.method_page(algo.name).read_text())
+    (pages / "fggp.md").write_text((pages / "fggp.md").read_text().replace("| adam |", "| sgd |"))
+    readme = tmp_path / "README.md"
+    readme.write_text(docs_tables.README.read_text())
+    assert docs_tables.main(["--check", "--readme", str(readme), "--methods-dir", str(pages)]) == 1
+    assert docs_tables.main(["--write", "--readme", str(readme), "--methods-dir", str(pages)]) == 0
+    assert (pages / "fggp.md").read_text() == docs_tables.method_page("fggp").read_text()

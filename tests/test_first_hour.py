@@ -293,6 +293,9 @@ def test_local_superlink_is_read_from_the_flower_config(tmp_path):
     ("dataset='Corra'", "unknown dataset 'Corra'"),
     ("algorithm='fedavg' fedaux-sigma=2", "fedaux-sigma is an option of fedaux"),
     ("config-file='configs/nope.yaml'", "does not exist"),
+    # a profile's switch is not in pyproject's block: Flower would refuse it (code 15)
+    ("algorithm='fggp' fggp-flavour='openfgl'",
+     "fggp-flavour is a switch of fggp-reproduce (docs/methods/fggp.md), not in"),
 ])
 def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run_config, words,
                                                                                 capsys):

@@ -22,6 +22,7 @@ from fedgraph_flwr.config import (
     RunConfig,
     ServerSettings,
     all_defaults,
+    app_config_defaults,
     client_keys,
     common_defaults,
     main,
@@ -114,7 +115,7 @@ def test_client_config_holds_the_common_client_keys_and_the_algorithms_own():
     assert type(client) is ClientConfig
     sent = client.to_config()
     assert len(client_keys()) == 35
-    assert len(sent) == 49  # 35 common + 13 fedaux-* + server-round
+    assert len(sent) == 50  # 35 common + 14 fedaux-* (fedaux-reproduce among them) + server-round
     assert list(sent) == [*client_keys(), *FedAuxOptions.keys(), "server-round"]
     assert sent["fedaux-sigma"] == 0.5
     assert not any(k.startswith(("fedpub-", "fedspray-", "fediih-", "gcfl-", "apfl-", "fedprox-",
@@ -129,7 +130,7 @@ def test_pyproject_block_is_generated_and_current(tmp_path):
     text = (ROOT / "pyproject.toml").read_text()
     assert pyproject_with_block(text) == text, "run: python -m fedgraph_flwr.config --write-pyproject"
     parsed = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
-    assert parsed == all_defaults() and list(parsed) == list(all_defaults())
+    assert parsed == app_config_defaults() and list(parsed) == list(app_config_defaults())
     # The command finds a stale block and rewrites only it.
     stale = tmp_path / "pyproject.toml"
     stale.write_text(text.replace("fedaux-sigma = 1.0", "fedaux-sigma = 3.0"))
@@ -180,3 +181,91 @@ def test_trainers_and_aggregators_get_their_algorithms_typed_options():
     assert agg.options == FedAvgOptions(weighting="uniform") and agg.weighting() == "uniform"
     # FedProx's server is FedAvg's, without the weighting option: train-node weights.
     assert FedProxAggregator(resolve_config({}, {"algorithm": "fedprox"}), [0], {}).weighting() == "train"
+
+
+# --- reproduction profiles (<prefix>-reproduce) ----------------------------------------------
+def test_a_profile_sets_its_switches_and_explicit_switches_win():
+    official = resolve_config(None, {"algorithm": "fggp"}).options
+    openfgl = resolve_config(None, {"algorithm": "fggp", "fggp-reproduce": "openfgl"}).options
+    assert (official.reproduce, official.flavour, official.optimizer, official.knn_every) == (
+        "official", "official", "sgd", 20)
+    assert (openfgl.flavour, openfgl.evaluate, openfgl.optimizer, openfgl.knn_every) == (
+        "openfgl", "logits", "adam", 1)
+    expert = resolve_config(None, {"algorithm": "fggp", "fggp-reproduce": "openfgl",
+                                   "fggp-knn-every": 20}).options
+    assert (expert.flavour, expert.knn_every) == ("openfgl", 20)
+    # an explicit switch at its default still wins over the profile
+    assert resolve_config(None, {"algorithm": "fggp", "fggp-reproduce": "openfgl",
+                                 "fggp-optimizer": "sgd"}).options.optimizer == "sgd"
+
+
+def test_an_unknown_profile_is_one_line_with_the_closest_value():
+    message = one_line_error(None, {"algorithm": "fggp", "fggp-reproduce": "openfg"})
+    assert message == ("fggp-reproduce='openfg' is not a valid choice: must be one of official, "
+                       "openfgl; did you mean 'openfgl'?")
+
+
+def test_a_profile_from_flowers_run_config_and_a_config_file(tmp_path):
+    # Flower hands the ServerApp pyproject's block (no switches) with the user's values.
+    flwr = dict(app_config_defaults(), algorithm="feddc", **{"feddc-reproduce": "openfgl"})
+    options = resolve_config(flwr).options
+    assert (options.flavour, options.alpha, options.optimizer) == ("openfgl", 0.1, "adam")
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: feddc\nfeddc-reproduce: openfgl\nfeddc-optimizer: sgd\n")
+    options = resolve_config(dict(flwr, **{"config-file": str(path), "feddc-reproduce": "official"})).options
+    assert (options.reproduce, options.flavour, options.optimizer) == ("openfgl", "openfgl", "sgd")
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if ALGORITHMS[n].options.profiles])
+def test_the_default_profile_changes_nothing_and_every_profile_is_valid(name):
+    kind = ALGORITHMS[name].options
+    default = next(iter(kind.profiles))
+    assert kind.keys()[0] == f"{name}-reproduce" and kind.defaults()[f"{name}-reproduce"] == default
+    assert kind.from_config({}) == kind()  # the defaults are the default profile's
+    for profile in kind.profiles:
+        options = kind.from_config({f"{name}-reproduce": profile})
+        assert {key: options.to_config()[key] for key in kind.switch_keys()} == kind.profile_values(profile)
+        # the resolved options read back as they were (the wire form holds every switch)
+        assert kind.from_config(options.to_config()) == options
+        # rounds: room for AdaFGL's step 2 under every schedule
+        cfg = resolve_config(None, {"algorithm": name, f"{name}-reproduce": profile,
+                                    "rounds": 400}).client_config()
+        assert cfg.with_keys({}) == cfg
+        back = cfg.with_keys({f"{name}-reproduce": default}).options
+        assert back == kind()  # a new profile resets the switches the old one set
+
+
+def test_a_bad_profile_declaration_is_refused():
+    # Algorithm(...) calls check_profiles when a method is registered.
+    @dataclass(frozen=True)
+    class Shifted(Options, prefix="bad", profiles={"code": {"mode": "b"}, "paper": {"mode": "a"}}):
+        mode: str = option("a", "a | b", choices=("a", "b"))
+
+    with pytest.raises(TypeError, match="the default profile 'code' sets mode='b', but its default is 'a'"):
+        Shifted.check_profiles()
+
+    @dataclass(frozen=True)
+    class Unknown(Options, prefix="bad", profiles={"code": {}, "paper": {"mood": "a"}}):
+        mode: str = option("a", "a | b", choices=("a", "b"))
+
+    with pytest.raises(TypeError, match="profile 'paper' sets 'mood', not a switch"):
+        Unknown.check_profiles()
+
+    @dataclass(frozen=True)
+    class Invalid(Options, prefix="bad", profiles={"code": {}, "paper": {"mode": "c"}}):
+        mode: str = option("a", "a | b", choices=("a", "b"))
+
+    with pytest.raises(TypeError, match="sets mode='c', which is not one of a, b"):
+        Invalid.check_profiles()
+
+
+def test_a_run_saved_before_the_profiles_is_not_stale_under_the_profile_that_sets_its_switches():
+    from fedgraph_flwr.experiments import stale_keys
+
+    saved = resolve_config(None, {"algorithm": "feddc", "feddc-flavour": "openfgl", "feddc-alpha": 0.1,
+                                  "feddc-optimizer": "adam"}).to_config()
+    del saved["feddc-reproduce"]  # as results.json files written before the key
+    now = resolve_config(None, {"algorithm": "feddc", "feddc-reproduce": "openfgl"})
+    assert stale_keys(saved, now) == []
+    assert stale_keys(saved, resolve_config(None, {"algorithm": "feddc"})) == [
+        "feddc-alpha", "feddc-flavour", "feddc-optimizer"]

@@ -75,8 +75,19 @@ def correction_key(name: str) -> str:
     return CORRECTION_PREFIX + name
 
 
+# `feddc-reproduce`: the profiles, the default first (docs/methods/feddc.md).
+PUBLISHED = (
+    "`openfgl` (α 0.1, Adam) is the one compared with OpenFGL on its Cora METIS-10 files (this "
+    "page)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"flavour": "official", "alpha": 0.01, "optimizer": "sgd"},
+    "openfgl": {"flavour": "openfgl", "alpha": 0.1, "optimizer": "adam"},
+}
+
+
 @dataclass(frozen=True)
-class FedDCOptions(Options, prefix="feddc"):
+class FedDCOptions(Options, prefix="feddc", profiles=PROFILES, published=PUBLISHED):
     """FedDC's knobs (``feddc-*``)."""
 
     alpha: float = option(0.01, "weight α of the drift penalty (α/2)||θ + h_i − w||² (official "

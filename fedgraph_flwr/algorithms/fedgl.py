@@ -106,8 +106,19 @@ GRAPH_BLOCK_ENTRIES = 1 << 22
 NO_LABEL = -1
 
 
+# `fedgl-reproduce`: the profiles, the default first (docs/methods/fedgl.md).
+PUBLISHED = (
+    "`openfgl` is the one compared with OpenFGL on its Cora METIS-10 files (this page); no code "
+    "by the authors was found."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"labels": "refresh", "propagation": "gcn"},
+    "openfgl": {"labels": "first", "propagation": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FedGLOptions(Options, prefix="fedgl"):
+class FedGLOptions(Options, prefix="fedgl", profiles=PROFILES, published=PUBLISHED):
     """FedGL's knobs (``fedgl-*``): OpenFGL's defaults (module docstring)."""
 
     ssl_weight: float = option(0.1, "weight of the pseudo-label cross-entropy (ssl_loss_weight)",

@@ -82,8 +82,19 @@ PRIORS = ("hierarchical", "standard")
 INFERENCES = ("variational", "deterministic")
 
 
+# `fediih-reproduce`: the profiles, the default first (docs/methods/fediih.md).
+PUBLISHED = (
+    "The comparison with the paper on this page ran the default, `official` (every file in "
+    "configs/ that names fediih-mode sets code)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"mode": "code"},
+    "paper": {"mode": "paper"},
+}
+
+
 @dataclass(frozen=True)
-class FedIIHOptions(Options, prefix="fediih"):
+class FedIIHOptions(Options, prefix="fediih", profiles=PROFILES, published=PUBLISHED):
     """FedIIH's knobs (``fediih-*``); ``hidden`` is the per-factor width d_k."""
 
     mode: str = option("code", "code: the ELBO moves α̂ only (released code) | paper: it also "

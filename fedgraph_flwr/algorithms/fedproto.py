@@ -55,8 +55,19 @@ PROTOTYPES_KEY = "prototypes"
 FLAVOURS = ("official", "openfgl")
 
 
+# `fedproto-reproduce`: the profiles, the default first (docs/methods/fedproto.md).
+PUBLISHED = (
+    "`openfgl` is the one compared with OpenFGL on its Cora METIS-10 files (this page); "
+    "configs/paper/openfgl-side-by-side-cora.yaml runs `official` beside it."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"flavour": "official"},
+    "openfgl": {"flavour": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FedProtoOptions(Options, prefix="fedproto"):
+class FedProtoOptions(Options, prefix="fedproto", profiles=PROFILES, published=PUBLISHED):
     """FedProto's knobs (``fedproto-*``)."""
 
     weight: float = option(1.0, "weight λ of the prototype regulariser (official --ld)", low=0.0)

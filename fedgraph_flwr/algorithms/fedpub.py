@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -65,8 +65,20 @@ EMBEDDING_KEY = "functional-embedding"
 CLASSIFIER_INITS = ("glorot", "xavier")
 
 
+# `fedpub-reproduce`: the profiles, the default first (docs/methods/fedpub.md).
+PUBLISHED = (
+    "`official` (τ 3, the L1 and proximal terms without gradient) reproduces the published "
+    "FED-PUB figure (81.45, FedAux Table 1a); the default, `paper`, does not (Paper versus code, "
+    "above)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"reg_grad": True},
+    "official": {"reg_grad": False, "tau": 3.0},
+}
+
+
 @dataclass(frozen=True)
-class FedPubOptions(Options, prefix="fedpub"):
+class FedPubOptions(Options, prefix="fedpub", profiles=PROFILES, published=PUBLISHED):
     """FED-PUB's knobs (``fedpub-*``); defaults = the FED-PUB code's."""
 
     tau: float = option(10.0, "softmax scale τ of the server's similarity weights (0 = uniform)",

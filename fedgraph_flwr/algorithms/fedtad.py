@@ -74,8 +74,19 @@ CKR_KEY = "ckr"
 EDGE_CHUNK = 65536
 
 
+# `fedtad-reproduce`: the profiles, the default first (docs/methods/fedtad.md).
+PUBLISHED = (
+    "configs/paper/openfgl-side-by-side-cora.yaml runs both on OpenFGL's files: `official` as "
+    "shipped (the server's model scored) and `openfgl`."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"walk": "code", "ckr_norm": "clients", "evaluate": "before-train"},
+    "openfgl": {"ckr_norm": "classes", "evaluate": "after-train"},
+}
+
+
 @dataclass(frozen=True)
-class FedTADOptions(Options, prefix="fedtad"):
+class FedTADOptions(Options, prefix="fedtad", profiles=PROFILES, published=PUBLISHED):
     """FedTAD's knobs (``fedtad-*``), the official code's defaults."""
 
     glb_epochs: int = option(5, "server distillation epochs a round (official --glb_epochs)", low=0)

@@ -59,8 +59,18 @@ PREDICTIONS = ("auto", "prototype", "head")
 OPENFGL_SERVER_EPOCHS, OPENFGL_SERVER_LR = 10, 0.01
 
 
+# `fedtgp-reproduce`: the profiles, the default first (docs/methods/fedtgp.md).
+PUBLISHED = (
+    "`openfgl` is the one compared with OpenFGL on its Cora METIS-10 files (this page)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"flavour": "official"},
+    "openfgl": {"flavour": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FedTGPOptions(Options, prefix="fedtgp"):
+class FedTGPOptions(Options, prefix="fedtgp", profiles=PROFILES, published=PUBLISHED):
     """FedTGP's knobs (``fedtgp-*``), the official code's defaults."""
 
     weight: float = option(1.0, "weight λ of the prototype regulariser (official --lamda)", low=0.0)

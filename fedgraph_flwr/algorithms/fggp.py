@@ -110,8 +110,20 @@ PROTOTYPES_KEY = "prototypes"
 QUEUE_KEY, QUEUE_LABELS_KEY = "queue", "queue_labels"
 
 
+# `fggp-reproduce`: the profiles, the default first (docs/methods/fggp.md).
+PUBLISHED = (
+    "`openfgl` (with num-layers=2, Adam: configs/paper/openfgl-side-by-side-cora.yaml) is the one"
+    " compared with OpenFGL on its Cora files (this page); the paper's Twitch-domain figures are "
+    "not run here."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"flavour": "official", "evaluate": "queue", "optimizer": "sgd", "knn_every": 20},
+    "openfgl": {"flavour": "openfgl", "evaluate": "logits", "optimizer": "adam", "knn_every": 1},
+}
+
+
 @dataclass(frozen=True)
-class FGGPOptions(Options, prefix="fggp"):
+class FGGPOptions(Options, prefix="fggp", profiles=PROFILES, published=PUBLISHED):
     """FGGP's knobs (``fggp-*``), the official code's values."""
 
     flavour: str = option("official", "official (GuanchengWan/FGGP) | openfgl (OpenFGL's "

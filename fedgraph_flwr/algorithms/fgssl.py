@@ -77,8 +77,20 @@ FLAVOURS = ("paper", "official", "openfgl")
 CONTRAST_BLOCK = 4096
 
 
+# `fgssl-reproduce`: the profiles, the default first (docs/methods/fgssl.md).
+PUBLISHED = (
+    "configs/paper/openfgl-side-by-side-cora.yaml runs all three on OpenFGL's files; `openfgl` is"
+    " the one compared with OpenFGL's figure (this page)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "paper": {"flavour": "paper"},
+    "official": {"flavour": "official"},
+    "openfgl": {"flavour": "openfgl"},
+}
+
+
 @dataclass(frozen=True)
-class FGSSLOptions(Options, prefix="fgssl"):
+class FGSSLOptions(Options, prefix="fgssl", profiles=PROFILES, published=PUBLISHED):
     """FGSSL's knobs (``fgssl-*``), the official code's values."""
 
     flavour: str = option("paper", "paper (FNSC + FGSD with the global model) | official "

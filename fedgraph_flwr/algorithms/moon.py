@@ -46,8 +46,18 @@ if TYPE_CHECKING:
 NODE_SETS = ("train", "all")
 
 
+# `moon-reproduce`: the profiles, the default first (docs/methods/moon.md).
+PUBLISHED = (
+    "`openfgl` is the one compared with OpenFGL on its Cora METIS-10 files (this page)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "official": {"nodes": "train"},
+    "openfgl": {"nodes": "all"},
+}
+
+
 @dataclass(frozen=True)
-class MOONOptions(Options, prefix="moon"):
+class MOONOptions(Options, prefix="moon", profiles=PROFILES, published=PUBLISHED):
     """MOON's knobs (``moon-*``), the official code's defaults."""
 
     mu: float = option(1.0, "weight μ of the model-contrastive term", low=0.0)

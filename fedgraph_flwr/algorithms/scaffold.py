@@ -53,8 +53,19 @@ def control_key(name: str) -> str:
     return CONTROL_PREFIX + name
 
 
+# `scaffold-reproduce`: the profiles, the default first (docs/methods/scaffold.md).
+PUBLISHED = (
+    "`openfgl` (the default) is the one compared with OpenFGL on its Cora METIS-10 files (this "
+    "page)."
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "openfgl": {"optimizer": "adam", "weighting": "train"},
+    "paper": {"optimizer": "sgd", "weighting": "uniform"},
+}
+
+
 @dataclass(frozen=True)
-class ScaffoldOptions(Options, prefix="scaffold"):
+class ScaffoldOptions(Options, prefix="scaffold", profiles=PROFILES, published=PUBLISHED):
     """SCAFFOLD's knobs (``scaffold-*``)."""
 
     optimizer: str = option("adam", "local optimizer the corrected gradient goes through: adam "

@@ -12,17 +12,34 @@ value to the field's type (bool, int, float or str) and checks it; a bad value r
 
     FedAuxOptions.from_config({"fedaux-sigma": -1})
     # ConfigError: fedaux-sigma=-1.0 is out of range: must be > 0
+
+A method whose code can follow its paper, its official code or OpenFGL passes
+``profiles`` (profile value -> ``{field name: value}``), its default profile first, and
+``published`` (which profile reproduces which published figures; shown on its page)::
+
+    class FGGPOptions(Options, prefix="fggp", profiles={
+            "official": {"flavour": "official", "knn_every": 20},
+            "openfgl": {"flavour": "openfgl", "knn_every": 1}}):
+
+That adds the key ``<prefix>-reproduce`` (choices: the profile values, default: the first)
+as the class's first field. When a config is resolved (:meth:`Options.from_config`), the
+chosen profile sets each of its switches the config does not set itself: explicit switches
+win. The default profile must hold each switch's own default, so that choosing it changes
+nothing (checked when the method is registered: :meth:`Options.check_profiles`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 OPTION_TYPES = (bool, int, float, str)
+#: The field (and ``<prefix>-reproduce`` key) a class with ``profiles`` gains.
+PROFILE_FIELD = "reproduce"
 
 
 class ConfigError(ValueError):
@@ -138,11 +155,28 @@ class Options:
     """
 
     prefix: ClassVar[str] = ""
+    #: Profile value -> ``{switch field name: value}``; the first is the default.
+    profiles: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: Which profile reproduces which published figures, and where that is shown (one line).
+    published: ClassVar[str] = ""
 
-    def __init_subclass__(cls, prefix: str = "", **kwargs: Any) -> None:
+    def __init_subclass__(cls, prefix: str = "",
+                          profiles: Mapping[str, Mapping[str, Any]] | None = None,
+                          published: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if prefix:
             cls.prefix = prefix
+        if published:
+            cls.published = published
+        if profiles:
+            # Runs before @dataclass reads the class: the profile key becomes its first field.
+            cls.profiles = {name: dict(switches) for name, switches in profiles.items()}
+            names = tuple(cls.profiles)
+            doc = (f"reproduction profile: {' | '.join(names)}; sets "
+                   f"{len(cls.switches())} keys (see the method's page)")
+            cls.__annotations__ = {PROFILE_FIELD: "str",
+                                   **cls.__dict__.get("__annotations__", {})}
+            setattr(cls, PROFILE_FIELD, option(names[0], doc, choices=names))
 
     def __post_init__(self) -> None:
         for f in self._fields():
@@ -213,9 +247,81 @@ class Options:
                 if f.spec.low is not None or f.spec.high is not None}
 
     @classmethod
+    def switches(cls) -> tuple[str, ...]:
+        """Field names some profile sets, in the order the profiles name them."""
+        return tuple(dict.fromkeys(name for switches in cls.profiles.values() for name in switches))
+
+    @classmethod
+    def field_name(cls, key: str) -> str:
+        """The field name of run-config ``key``."""
+        return next(f.name for f in cls._fields() if f.key == key)
+
+    @classmethod
+    def profile_key(cls) -> str | None:
+        """``<prefix>-reproduce``, or None for a class without profiles."""
+        return cls.key(PROFILE_FIELD) if cls.profiles else None
+
+    @classmethod
+    def switch_keys(cls) -> tuple[str, ...]:
+        """Run-config keys some profile sets."""
+        return tuple(cls.key(name) for name in cls.switches())
+
+    @classmethod
+    def behaviour_switch_keys(cls) -> tuple[str, ...]:
+        """The :meth:`switch_keys` that choose a behaviour (a bool, or a str of choices): kept
+        out of pyproject's block. The numbers a profile sets (a code's weight, a period)
+        stay there, as the method's tuning keys."""
+        fields = {f.key: f for f in cls._fields()}
+        return tuple(key for key in cls.switch_keys()
+                     if fields[key].kind is bool or fields[key].spec.choices is not None)
+
+    @classmethod
+    def check_profiles(cls) -> None:
+        """Every profile names fields of this class with valid values, and the default
+        profile holds each switch's default (so that choosing it changes nothing)."""
+        if not cls.profiles:
+            return
+        fields = {f.name: f for f in cls._fields()}
+        for profile, switches in cls.profiles.items():
+            for name, value in switches.items():
+                if name not in fields or name == PROFILE_FIELD:
+                    raise TypeError(f"{cls.__name__}: profile {profile!r} sets {name!r}, "
+                                    f"not a switch of this class")
+                if not fields[name].spec.admits(coerce(fields[name].key, value, fields[name].kind)):
+                    raise TypeError(f"{cls.__name__}: profile {profile!r} sets {name}={value!r}, "
+                                    f"which is not {fields[name].spec.allowed()}")
+        default_profile = next(iter(cls.profiles))
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for name in cls.switches():
+            value = cls.profiles[default_profile].get(name, defaults[name])
+            if value != defaults[name]:
+                raise TypeError(f"{cls.__name__}: the default profile {default_profile!r} sets "
+                                f"{name}={value!r}, but its default is {defaults[name]!r}")
+
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        """``{key: value}`` of every switch under ``profile`` (a switch the profile does not
+        name keeps its default); a one-line ConfigError for an unknown profile."""
+        if profile not in cls.profiles:
+            key = f"{cls.prefix}-{PROFILE_FIELD}"
+            close = difflib.get_close_matches(profile, list(cls.profiles), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}={profile!r} is not a valid choice: must be one of "
+                              f"{', '.join(cls.profiles)}{hint}")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        chosen = cls.profiles[profile]
+        return {cls.key(name): chosen.get(name, defaults[name]) for name in cls.switches()}
+
+    @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Self:
-        """The options named in ``config`` (other keys are ignored; missing ones default)."""
-        return cls(**{f.name: config[f.key] for f in cls._fields() if f.key in config})
+        """The options named in ``config`` (other keys are ignored; missing ones default;
+        switches missing take the value of the config's reproduction profile)."""
+        given = {f.name: config[f.key] for f in cls._fields() if f.key in config}
+        if cls.profiles:
+            profile = str(given.get(PROFILE_FIELD, next(iter(cls.profiles))))
+            for key, value in cls.profile_values(profile).items():
+                given.setdefault(cls.field_name(key), value)
+        return cls(**given)
 
     def to_config(self) -> dict[str, Any]:
         """``{key: value}`` in field order."""

@@ -64,6 +64,7 @@ class Algorithm:
                 raise ValueError(f"{name}: {part.__name__}.options_class is "
                                  f"{part.options_class.__name__}, not {self.options.__name__}")
         defaults = self.options.defaults()  # also checks every field and that the defaults are valid
+        self.options.check_profiles()
         foreign = sorted(k for k in defaults if not k.startswith(f"{name}-"))
         if foreign:
             raise ValueError(f"{name}: option keys must start with '{name}-': {foreign}")
