@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --keep) KEEP=1; shift ;;
     --kill-after-round) KILL_AFTER="$2"; shift 2 ;;
     --kill-node) KILL_NODE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "compose_smoke.sh: error: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -191,28 +191,6 @@ if [ -n "$KILL_AFTER" ]; then
   [ -n "${node_back:-}" ] || die "supernode-$KILL_NODE was not restarted by its policy"
   [ -n "${exe_back:-}" ] || die "superexec-clientapp-$KILL_NODE was not restarted by its policy"
 fi
-python3 - "$RESULTS" "$ROUNDS" "${KILL_AFTER:-0}" "$KILL_NODE" <<'EOF'
-import json, math, sys
-results, rounds = json.load(open(sys.argv[1])), int(sys.argv[2])
-kill_after, killed = int(sys.argv[3]), sys.argv[4]
-got = results["rounds"]
-assert [r["round"] for r in got] == list(range(1, rounds + 1)), "rounds missing"
-back = None
-for r in got:
-    if kill_after and r["round"] > kill_after and back is None:
-        if killed not in r["clients"]:  # the rounds it missed: recorded, with the reason
-            print("compose_smoke: round %d without client %s (%.1f s): %s" % (
-                r["round"], killed, r["times"]["round"], r["failures"]))
-            continue
-        back = r["round"]
-        print("compose_smoke: client %s back in round %d, with no manual step" % (killed, back))
-    assert sorted(r["clients"]) == ["0", "1", "2"] and not r["failures"], (r["round"], r["failures"])
-    assert all(math.isfinite(c["val_metric"]) for c in r["clients"].values())
-assert not kill_after or back is not None, "the killed client never came back"
-per_round = [r["times"]["round"] for r in got]
-print("compose_smoke: results.json: %d rounds, 3/3 clients each, last mean test %.2f%%"
-      % (len(got), 100 * sum(c["test_metric"] for c in got[-1]["clients"].values()) / 3))
-print("compose_smoke: seconds per round: " + " ".join("%.2f" % t for t in per_round)
-      + " (after round 1: mean %.2f)" % (sum(per_round[1:]) / max(1, len(per_round) - 1)))
-EOF
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" python3 "$DEPLOY/scripts/smoke_check.py" "$RESULTS" "$ROUNDS" --kill-after-round "${KILL_AFTER:-0}" \
+  --kill-node "$KILL_NODE" || die "results.json does not pass"
 say "OK"
