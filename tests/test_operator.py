@@ -32,3 +32,115 @@ def test_the_run_summary_says_which_rounds_were_short_of_a_client():
             "round 3: 3/3 clients") in text
     full = dict(results, rounds=[_round(r, [0, 1, 2], [0, 1, 2]) for r in (1, 2)])
     assert "clients per round" not in format_summary(full)
+
+
+# --- fedgraph-run's restart of a run whose ServerApp died ---------------------------------
+
+import pytest  # noqa: E402
+
+from fedgraph_flwr import run as fedgraph_run  # noqa: E402
+
+
+def _script(monkeypatch, attempts):
+    """fedgraph-run over scripted ``flwr run`` attempts: (Attempt, status) each."""
+    calls = []
+
+    def follow(args):
+        calls.append(list(args))
+        return attempts[len(calls) - 1][0]
+
+    monkeypatch.setattr(fedgraph_run, "follow", follow)
+    monkeypatch.setattr(fedgraph_run, "config_error", lambda args: None)
+    monkeypatch.setattr(fedgraph_run, "final_status",
+                        lambda run_id, superlink: attempts[run_id - 1][1])
+    return calls
+
+
+FAILED = ("finished:failed", "Task failed because the run expired")
+DONE = ("finished:completed", "")
+
+
+def test_a_run_whose_serverapp_died_is_resumed_by_itself(monkeypatch, capsys):
+    calls = _script(monkeypatch, [
+        (fedgraph_run.Attempt(rc=0, run_id=1, last_round=4), FAILED),
+        (fedgraph_run.Attempt(rc=0, run_id=2, last_round=0), FAILED),  # died again, no round
+        (fedgraph_run.Attempt(rc=0, run_id=3, last_round=8), DONE)])
+    assert fedgraph_run.main([".", "--restarts", "2"]) == 0
+    assert calls[0] == [".", "--stream"]  # --restarts is this command's, not flwr's
+    assert calls[1] == calls[2] == [".", "--stream", "--run-config", "resume=true"]
+    err = capsys.readouterr().err
+    assert ("fedgraph-run: run 1 finished:failed with no error from its ServerApp (it died: "
+            "Task failed because the run expired); restart 1 of 2: resuming from its "
+            "checkpoint (round 4 was done)") in err
+    assert "restart 2 of 2: resuming from its checkpoint (round 4 was done)" in err
+
+
+def test_restarts_are_bounded_and_a_run_that_died_before_round_1_starts_again(monkeypatch, capsys):
+    calls = _script(monkeypatch, [(fedgraph_run.Attempt(rc=0, run_id=i), FAILED)
+                                  for i in (1, 2)])
+    assert fedgraph_run.main([".", "--restarts=1"]) == 1
+    assert calls == [[".", "--stream"], [".", "--stream"]]
+    err = capsys.readouterr().err
+    assert "restart 1 of 1: starting it again (no round's checkpoint)" in err
+    assert err.rstrip().endswith("fedgraph-run: run 2 finished:failed: "
+                                 "Task failed because the run expired")
+
+
+@pytest.mark.parametrize("attempt", [
+    fedgraph_run.Attempt(rc=0, run_id=1, last_round=3, said=True),  # the ServerApp's own stop
+    fedgraph_run.Attempt(rc=0, run_id=1, last_round=3, raised=True)])  # a bug: same again
+def test_a_run_that_stopped_on_purpose_or_raised_is_not_restarted(monkeypatch, attempt):
+    calls = _script(monkeypatch, [(attempt, FAILED)])
+    assert fedgraph_run.main(["."]) == 1 and len(calls) == 1
+    stopped = _script(monkeypatch, [(fedgraph_run.Attempt(rc=0, run_id=1), ("finished:stopped", ""))])
+    assert fedgraph_run.main(["."]) == 1 and len(stopped) == 1
+
+
+def test_a_resume_that_finds_no_checkpoint_starts_again(monkeypatch, capsys):
+    """Died after round 1's line, before round 1's checkpoint was written."""
+    calls = _script(monkeypatch, [
+        (fedgraph_run.Attempt(rc=0, run_id=1, last_round=1), FAILED),
+        (fedgraph_run.Attempt(rc=0, run_id=2, said=True, no_checkpoint=True), FAILED),
+        (fedgraph_run.Attempt(rc=0, run_id=3, last_round=5), DONE)])
+    assert fedgraph_run.main(["."]) == 0
+    assert calls[2] == [".", "--stream"]
+    assert "restart 2 of 2: starting it again" in capsys.readouterr().err
+
+
+def test_restarts_must_be_a_count(capsys):
+    assert fedgraph_run.main([".", "--restarts", "many"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedgraph-run: error: --restarts 'many': give a whole number of restarts (0: none)")
+
+
+def test_round_lines_and_resumes_are_read_as_the_driver_writes_them():
+    line = "round 3/8: mean val 71.20 test 70.10 loss 0.5123 (2/3 clients, 4.10s)"
+    assert fedgraph_run.ROUND_DONE.search(line)[1] == "3"
+    assert not fedgraph_run.ROUND_DONE.search("round 3: client 1 failed: timeout")
+    import inspect
+
+    from fedgraph_flwr.engine.checkpoint import Checkpointer
+
+    assert fedgraph_run.NO_CHECKPOINT in inspect.getsource(Checkpointer.load)
+
+
+def test_each_resume_is_kept_across_resumes_and_shown_in_the_report(tmp_path):
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.run_recorder import RunRecorder
+    from fedgraph_flwr.report import run_report_html
+
+    config = resolve_config(None, {"output-dir": str(tmp_path), "run-name": "r"})
+    first = RunRecorder(config, {0: {}}, 4, 2)
+    first.save_checkpoint({})
+    first.wait()
+    assert "resumes" not in first.results()
+    second = RunRecorder(config, {0: {}}, 4, 2)
+    second.load_checkpoint()
+    second.save_checkpoint({})
+    second.wait()
+    third = RunRecorder(config, {0: {}}, 4, 2)
+    third.load_checkpoint()
+    resumes = third.results()["resumes"]
+    assert [r["after_round"] for r in resumes] == [0, 0] and resumes == third.progress()["resumes"]
+    html = run_report_html(third.results(), tmp_path)
+    assert "Resumed from the checkpoint" in html and resumes[1]["at"] in html
