@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A round the stream called done is checkpointed (or its predecessor, the write
         # ending in the background): resume. Before any round: start again.
         attempt_args = [*args, "--run-config", "resume=true"] if done else args
-        how = (f"resuming from its checkpoint (round {done} was done)" if done
+        how = (f"resuming from its last checkpoint (its log had reached round {done})" if done
                else "starting it again (no round's checkpoint)")
         why = f": {status[1]}" if status[1] else ""
         print(f"fedgraph-run: run {attempt.run_id} {status[0]} with no error from its ServerApp "

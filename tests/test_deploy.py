@@ -577,7 +577,7 @@ def test_serverapp_killed_at_random_round_is_restarted_and_ends_as_uninterrupted
                 p.wait()
     assert full.returncode == 0, full_out[-4000:]
     assert crashed.returncode == 0, crashed_out[-4000:]
-    assert "restart 1 of 2: resuming from its checkpoint" in crashed_out, crashed_out[-4000:]
+    assert "restart 1 of 2: resuming from its last checkpoint" in crashed_out, crashed_out[-4000:]
     assert f"after round {at_kill}" in crashed_out, crashed_out[-4000:]
     a = json.loads((out / "resume-full" / "results.json").read_text())
     b = json.loads((out / "resume-crashed" / "results.json").read_text())

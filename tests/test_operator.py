@@ -36,6 +36,8 @@ def test_the_run_summary_says_which_rounds_were_short_of_a_client():
 
 # --- fedgraph-run's restart of a run whose ServerApp died ---------------------------------
 
+import json  # noqa: E402
+
 import pytest  # noqa: E402
 
 from fedgraph_flwr import run as fedgraph_run  # noqa: E402
@@ -71,8 +73,8 @@ def test_a_run_whose_serverapp_died_is_resumed_by_itself(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert ("fedgraph-run: run 1 finished:failed with no error from its ServerApp (it died: "
             "Task failed because the run expired); restart 1 of 2: resuming from its "
-            "checkpoint (round 4 was done)") in err
-    assert "restart 2 of 2: resuming from its checkpoint (round 4 was done)" in err
+            "last checkpoint (its log had reached round 4)") in err
+    assert "restart 2 of 2: resuming from its last checkpoint (its log had reached round 4)" in err
 
 
 def test_restarts_are_bounded_and_a_run_that_died_before_round_1_starts_again(monkeypatch, capsys):
@@ -144,3 +146,90 @@ def test_each_resume_is_kept_across_resumes_and_shown_in_the_report(tmp_path):
     assert [r["after_round"] for r in resumes] == [0, 0] and resumes == third.progress()["resumes"]
     html = run_report_html(third.results(), tmp_path)
     assert "Resumed from the checkpoint" in html and resumes[1]["at"] in html
+
+
+# --- a missing or refused node, named while the server waits ------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+
+class DeployedGrid:
+    """A deployment's grid as the transport sees it: nodes heartbeat every 30 s; node
+    ``n`` answers the handshake as client ``n - 1``; ``join`` says when each connects."""
+
+    def __init__(self, join: dict[int, float]) -> None:
+        import time
+
+        self.t0, self.join, self.sent, self.pushed_at = time.time(), join, {}, {}
+
+    def get_node_ids(self):
+        import time
+
+        return [n for n, at in self.join.items() if time.time() - self.t0 >= at]
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=n, heartbeat_interval=30.0) for n in self.get_node_ids()]
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            mid = f"m{len(self.sent)}"
+            self.sent[mid] = m.metadata.dst_node_id
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        def answer(node, mid):
+            info = {"partition-id": node - 1, "num-nodes": 5, "num-features": 3,
+                    "num-classes": 2, "num-train": 2}
+            return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node, reply_to_message_id=mid),
+                                   has_error=lambda: False, content={"info": info})
+        return [answer(self.sent[mid], mid) for mid in message_ids]
+
+
+@pytest.fixture
+def deployed(monkeypatch):
+    from fedgraph_flwr.engine import flower_transport
+
+    def message(content, dst_node_id, message_type, group_id=""):
+        return SimpleNamespace(content=content, metadata=SimpleNamespace(
+            dst_node_id=dst_node_id, message_type=message_type, group_id=group_id))
+
+    monkeypatch.setattr(flower_transport, "Message", message)
+    monkeypatch.setattr(flower_transport, "WAIT_REPORT_S", 0.5)
+    return flower_transport
+
+
+def test_a_client_that_never_connects_is_named_while_waited_for_and_at_the_timeout(deployed, tmp_path):
+    from fedgraph_flwr.config import resolve_config
+    from fedgraph_flwr.engine.driver import RunAborted
+    from fedgraph_flwr.engine.run_recorder import write_waiting
+
+    config = resolve_config({"algorithm": "fedavg", "dataset": "Cora", "num-clients": 3,
+                             "handshake-timeout": 1.6, "output-dir": str(tmp_path),
+                             "run-name": "wait"})
+    lines, reports = [], []
+    transport = deployed.FlowerTransport(DeployedGrid({1: 0.0, 3: 0.3}), log=lines.append)
+    transport.on_waiting = lambda w: (reports.append(w), write_waiting(config, w))
+    with pytest.raises(RunAborted, match=r"2 SuperNodes but num-clients=3 \(2 of 3 SuperNodes "
+                                         r"connected after \d s .*client 1 not seen"):
+        transport.connect(config)
+    assert len(reports) >= 2 and reports[-1]["missing"] == [1]
+    assert reports[-1]["answered"] == {"0": 1, "2": 3}
+    assert all(line.startswith("fedgraph-flwr: waiting for clients: ") for line in lines)
+    progress = json.loads((tmp_path / "wait" / "progress.json").read_text())
+    assert progress["round"] == 0 and progress["waiting_for_clients"]["missing"] == [1]
+    assert "fedgraph-preflight" in progress["waiting_for_clients"]["line"]
+
+
+def test_clients_asked_while_others_were_awaited_are_not_asked_twice(deployed, tmp_path):
+    from fedgraph_flwr.config import resolve_config
+
+    config = resolve_config({"algorithm": "fedavg", "dataset": "Cora", "num-clients": 3,
+                             "handshake-timeout": 10.0})
+    grid = DeployedGrid({1: 0.0, 2: 0.0, 3: 0.7})
+    lines: list[str] = []
+    roster = deployed.FlowerTransport(grid, log=lines.append).connect(config)
+    assert sorted(roster) == [0, 1, 2]
+    assert sorted(grid.sent.values()) == [1, 2, 3]  # one handshake per node
+    assert lines and "client 2 not seen" in lines[0]

@@ -57,6 +57,13 @@ class RoundDriver:
         self.log(f"fedgraph-flwr: algorithm={self.config.algorithm} "
                  f"dataset={self.config.dataset} clients={self.config.num_clients} "
                  f"rounds={self.config.rounds}")
+        if self.write:  # progress.json names the clients not seen while they are awaited
+            from .run_recorder import write_waiting
+
+            def on_waiting(waiting: dict[str, Any]) -> None:
+                write_waiting(self.config, waiting)
+
+            self.transport.on_waiting = on_waiting
         roster = self.transport.connect(self.config)
         # A ConfigError here (a federation that cannot run, a checkpoint of another run)
         # reaches the caller as it is: one line.

@@ -24,6 +24,17 @@ from .contract import peak_rss_mib
 from .recorder import Recorder, RoundLog
 
 
+def write_waiting(config: RunConfig, waiting: dict[str, Any]) -> Path:
+    """progress.json while the handshake waits for clients (before any round): who is
+    connected, which clients are not seen yet (:meth:`.FlowerTransport.waiting`)."""
+    path = Path(config.output_dir).expanduser() / config.run_name / "progress.json"
+    payload = json.dumps({"run-name": config.run_name, "algorithm": config.algorithm,
+                          "dataset": config.dataset, "round": 0, "rounds": config.rounds,
+                          "finished": False, "waiting_for_clients": waiting}, indent=1).encode()
+    atomic_write(path, lambda fh: fh.write(payload))
+    return path
+
+
 class RunRecorder:
     """Records one run and writes its files under ``<output-dir>/<run-name>``."""
 
