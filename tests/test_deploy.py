@@ -592,6 +592,45 @@ def test_serverapp_killed_at_random_round_is_restarted_and_ends_as_uninterrupted
           f"the kill with no operator action; 20 rounds x 3 clients equal the uninterrupted run")
 
 
+def test_a_refused_supernode_is_named_while_the_run_waits_and_when_it_stops(deployment):
+    """Issue #82: client 3's SuperNode (the intruder: its key never registered) is refused
+    by the SuperLink. A run for 4 clients names client 3 as not seen while it waits
+    (progress.json and the log, within WAIT_REPORT_S plus the log stream's lag), and
+    stops at handshake-timeout with that list, exit status 1."""
+    from fedgraph_flwr.engine.flower_transport import WAIT_FIRST_REPORT_S, WAIT_REPORT_S
+
+    dep = deployment
+    timeout = 45.0
+    proc = start_run(dep, dep.app, {"algorithm": algorithm_under_test(), "num-clients": NUM_CLIENTS + 1,
+                                    "hidden": 32, "rounds": 1, "handshake-timeout": timeout,
+                                    "output-dir": str(dep.tmp / "outputs"), "run-name": "refused"})
+    t0 = time.time()
+    first, lines = None, []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if first is None and "waiting for clients" in line and f"client {NUM_CLIENTS} not seen" in line:
+                first = time.time() - t0
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    took = time.time() - t0
+    out = "".join(lines)
+    assert first is not None and first < 60.0, out[-4000:]
+    assert proc.returncode == 1, out[-4000:]
+    stop = (rf"{NUM_CLIENTS} SuperNodes but num-clients={NUM_CLIENTS + 1} \({NUM_CLIENTS} of "
+            rf"{NUM_CLIENTS + 1} SuperNodes connected .*client {NUM_CLIENTS} not seen")
+    assert re.search(stop, out), out[-4000:]
+    progress = json.loads((dep.tmp / "outputs" / "refused" / "progress.json").read_text())
+    assert progress["waiting_for_clients"]["missing"] == [NUM_CLIENTS]
+    print(f"\nrefused node: first report naming client {NUM_CLIENTS} {first:.1f} s after "
+          f"fedgraph-run started (reports after {WAIT_FIRST_REPORT_S:g} s, then every "
+          f"{WAIT_REPORT_S:g} s); the run stopped after "
+          f"{took:.1f} s (handshake-timeout {timeout:g} s), exit status {proc.returncode}")
+
+
 @pytest.mark.parametrize("problem", ["missing", "feature-width"])
 def test_bad_partition_file_stops_the_run_with_a_clear_error(deployment, problem):
     """A 4th SuperNode whose file is missing / has another feature width: the handshake

@@ -196,6 +196,7 @@ def deployed(monkeypatch):
             dst_node_id=dst_node_id, message_type=message_type, group_id=group_id))
 
     monkeypatch.setattr(flower_transport, "Message", message)
+    monkeypatch.setattr(flower_transport, "WAIT_FIRST_REPORT_S", 0.5)
     monkeypatch.setattr(flower_transport, "WAIT_REPORT_S", 0.5)
     return flower_transport
 

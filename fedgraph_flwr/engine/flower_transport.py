@@ -46,8 +46,10 @@ NEVER_BEATS_S = 1e12
 FIRST_POLL_FRACTION = 0.7
 FIRST_POLL_MAX = 1.0
 
-#: While a deployment waits for its SuperNodes: seconds between the reports naming the
-#: clients not seen yet (log and progress.json), the first one after as many.
+#: While a deployment waits for its SuperNodes: seconds until the first report naming the
+#: clients not seen yet (log and progress.json; SuperNodes already up connect within a
+#: second or two), then between reports.
+WAIT_FIRST_REPORT_S = 10.0
 WAIT_REPORT_S = 20.0
 
 #: Seconds a round's refresh waits for new nodes' answers (later ones: next round).
@@ -180,7 +182,8 @@ class FlowerTransport(Transport):
         """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
 
         A deployment's SuperNodes may join over minutes (``handshake-timeout``): each is
-        asked who it is as soon as it connects, and every ``WAIT_REPORT_S`` seconds the
+        asked who it is as soon as it connects, and after ``WAIT_FIRST_REPORT_S`` seconds,
+        then every ``WAIT_REPORT_S``, the
         clients not seen yet are named (log and ``on_waiting``, i.e. progress.json); a run
         that times out stops with that list. A simulation registers all of its SuperNodes
         at start, so once some are there and their number has not changed for
@@ -190,7 +193,7 @@ class FlowerTransport(Transport):
         want = config.num_clients
         start = time.time()
         deadline = start + config.handshake_timeout
-        next_report = start + WAIT_REPORT_S
+        next_report = start + WAIT_FIRST_REPORT_S
         nodes = list(self.grid.get_node_ids())
         simulated = bool(nodes) and is_simulation(self.grid)  # asked again when nodes join
         changed = time.time()
