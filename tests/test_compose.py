@@ -399,7 +399,12 @@ def test_healthchecks_ask_flowers_health_service(services):
         assert address.startswith("127.0.0.1:")
         assert _args(service).health_server_address == address  # Flower's own flag
         check = service["healthcheck"]
-        assert check["test"] == ["CMD", "python", L.HEALTH_PROBE, address]
+        timing = L.healthcheck_timing()
+        assert check["test"] == ["CMD", "python", L.HEALTH_PROBE, address,
+                                 "--timeout", f"{timing['rpc_timeout_s']:g}"]
+        # Derived from the measured costs (deploy/layout.py), not a fixed 5 s.
+        assert (check["timeout"], check["start_period"]) == (
+            f"{timing['timeout_s']}s", f"{timing['start_period_s']}s")
     # Dependents wait until the process they talk to is healthy.
     assert services[L.SERVERAPP_EXECUTOR]["depends_on"] == {"superlink": {"condition": "service_healthy"}}
     assert services["register"]["depends_on"] == {"superlink": {"condition": "service_healthy"}}
@@ -525,3 +530,35 @@ def test_compose_smoke_help_prints_its_usage_not_its_code():
     assert "--kill-after-round N" in out
     assert "set -euo" not in out and "DEPLOY=" not in out and not any(
         line.startswith("#") for line in out.splitlines())
+
+
+def test_healthcheck_timing_follows_the_load_it_is_derived_for():
+    """Twice the load, about twice the timeout; the timeout covers the probe's gRPC
+    deadline; at load 40 on 2 cores it is well above the 5 s that failed (issue #82)."""
+    at_40, at_80 = L.healthcheck_timing(40, 2), L.healthcheck_timing(80, 2)
+    assert at_40["timeout_s"] > 5 and at_40["rpc_timeout_s"] < at_40["timeout_s"]
+    assert 1.8 < at_80["timeout_s"] / at_40["timeout_s"] < 2.2
+    assert at_40["start_period_s"] > at_40["timeout_s"]
+
+
+@pytest.mark.deploy
+@pytest.mark.slow
+def test_health_probe_passes_under_a_load_of_40():
+    """The health probe, exactly the compose healthcheck's command, against a loopback
+    SuperLink started while 40 busy processes load the machine (stress-ng, else a Python
+    busy loop each): the SuperLink is SERVING within the derived start period and 5
+    probes of 5 pass within the derived timeout (deploy/scripts/measure_health.py)."""
+    import json
+
+    out = subprocess.run([sys.executable, str(DEPLOY / "scripts" / "measure_health.py"),
+                          "--probes", "5", "--stress", "40"], capture_output=True, text=True,
+                         timeout=600)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, (out.stdout, out.stderr[-2000:])
+    assert report["runnable_before_start"] >= 40, report
+    assert report["probe"]["passed"] == 5, report
+    print(f"\nunder {report['runnable_during_probes']['median']:g} runnable processes: "
+          f"SuperLink SERVING after {report['superlink_start']['wall_s']} s (start period "
+          f"{report['derived']['start_period_s']} s); probe wall median "
+          f"{report['probe']['wall_s_median']} s, max {report['probe']['wall_s_max']} s "
+          f"(timeout {report['derived']['timeout_s']} s)")
