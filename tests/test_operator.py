@@ -234,3 +234,62 @@ def test_clients_asked_while_others_were_awaited_are_not_asked_twice(deployed, t
     assert sorted(roster) == [0, 1, 2]
     assert sorted(grid.sent.values()) == [1, 2, 3]  # one handshake per node
     assert lines and "client 2 not seen" in lines[0]
+
+
+# --- the SuperLink's "ApiError:1008 Runtime task-token authentication failed" lines -----
+
+SLOW_SERVERAPP_START = '''
+# Test aid: the first flwr-serverapp started with this on PYTHONPATH sleeps first, as a
+# ServerApp process that imports for 40 s on a host at load 40.
+import os, sys, time
+if os.path.basename(sys.argv[0] if sys.argv else "") == "flwr-serverapp":
+    marker = os.path.join(os.path.dirname(__file__), "slept")
+    if not os.path.exists(marker):
+        open(marker, "w").write(str(os.getpid()))
+        time.sleep(40)
+'''
+
+
+@pytest.mark.deploy
+@pytest.mark.slow
+def test_a_serverapp_slower_to_start_than_its_claim_makes_the_1008_lines_and_is_relaunched(tmp_path):
+    """Issue #82's ``ApiError:1008 Runtime task-token authentication failed`` lines: the
+    ServerApp executor claims the run's task (a token valid 30 s, Flower's
+    HEARTBEAT_DEFAULT_INTERVAL) and starts a ServerApp process; one that takes longer
+    than that to make its first request (40 s here) finds the claim expired: the
+    SuperLink has put the task back to pending and dropped the token, so each of that
+    process's requests is a 1008 line, and the executor claims the task again and starts
+    a second process, which runs the run (here to its handshake, which has no SuperNode)."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy"
+    spec = importlib.util.spec_from_file_location("tasktoken_local_cluster", deploy / "local_cluster.py")
+    cluster = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cluster)
+    slow = tmp_path / "slow-start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_SERVERAPP_START)
+    here = str(Path(__file__).resolve().parents[1])
+    cluster.L.SERVERAPP_ENV = {**cluster.L.SERVERAPP_ENV, "PYTHONPATH": f"{slow}:{here}"}
+    dep = cluster.LocalDeployment(tmp_path / "cluster")
+    dep.env["PYTHONPATH"] = here  # this checkout's fedgraph-run
+    try:
+        dep.make_tls()
+        dep.start_superlink()
+        app = cluster.copy_app(tmp_path / "app")
+        run = subprocess.run(
+            [*cluster.L.run_cmd(app=str(app), run_config="num-clients=1 handshake-timeout=15 rounds=1"),
+             "--restarts", "0"], cwd=tmp_path, env=dep.env, capture_output=True, text=True,
+            timeout=300)
+        refused = [line for line in dep.log("superlink").splitlines() if "ApiError:1008" in line]
+    finally:
+        dep.stop_all()
+    assert (slow / "slept").is_file()  # the first ServerApp process was the slow one
+    assert refused and all("Runtime task-token authentication failed" in line for line in refused)
+    # The second process ran the run: its own handshake stopped it, not the 1008s.
+    assert run.returncode == 1 and "0 of 1 SuperNodes connected" in run.stdout + run.stderr, (
+        run.stdout[-2000:], run.stderr[-1000:])
+    print(f"\n{len(refused)} ApiError:1008 lines from the slow ServerApp process: "
+          + "; ".join(sorted({line.split("]")[0].split("[")[-1] for line in refused})))

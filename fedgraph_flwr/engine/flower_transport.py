@@ -183,12 +183,11 @@ class FlowerTransport(Transport):
 
         A deployment's SuperNodes may join over minutes (``handshake-timeout``): each is
         asked who it is as soon as it connects, and after ``WAIT_FIRST_REPORT_S`` seconds,
-        then every ``WAIT_REPORT_S``, the
-        clients not seen yet are named (log and ``on_waiting``, i.e. progress.json); a run
-        that times out stops with that list. A simulation registers all of its SuperNodes
-        at start, so once some are there and their number has not changed for
-        ``SIMULATION_SETTLE_S`` no more will come: a federation of the wrong size fails
-        within seconds, not after the timeout.
+        then every ``WAIT_REPORT_S``, the clients not seen yet are named (log and
+        ``on_waiting``, i.e. progress.json); a run that times out stops with that list.
+        A simulation registers all of its SuperNodes at start, so once some are there and
+        their number has not changed for ``SIMULATION_SETTLE_S`` no more will come: a
+        federation of the wrong size fails within seconds, not after the timeout.
         """
         want = config.num_clients
         start = time.time()
