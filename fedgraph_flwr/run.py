@@ -60,7 +60,9 @@ NO_CHECKPOINT = "resume=true but there is no checkpoint"  # checkpoint.py's Conf
 #: Restarts of a run whose ServerApp died, unless ``--restarts`` says otherwise.
 DEFAULT_RESTARTS = 2
 #: Seconds to wait, after the log stream ends, for the SuperLink to record the outcome.
-STATUS_WAIT_S = 30.0
+#: Each ``flwr ls`` is a fresh CLI process: at load 40 on 2 cores the compose smoke got
+#: no status within 30 s ("outcome unknown" for a run that had written its results).
+STATUS_WAIT_S = 180.0
 LOCAL_ADDRESSES = (":local:", ":local-in-memory:")
 ERROR_LINE = "fedgraph-flwr: error: "  # what server_app.py prints before it stops a run
 
