@@ -288,7 +288,9 @@ def shell(cmd: list[str], env: dict[str, str] | None = None) -> str:
 
 # --- the README's N-machine walk-through (rendered with its placeholder values) -------------
 README_HOST = "superlink.example.org"
-README_CA_PATH = "/home/operator/fedgraph-deploy/tls/ca.crt"  # absolute: the CLI reads it from anywhere
+# Expanded by the shell when step 4's block writes it: an absolute path, which the CLI
+# reads from any folder.
+README_CA_PATH = "$FEDGRAPH_DEPLOY_DIR/tls/ca.crt"
 README_DIR = f'"${DEPLOY_DIR_ENV}"'  # the scripts write under it (outside the checkout)
 # client-state="file": each owner keeps its optimizer state on its own disk (it survives
 # a SuperNode restart, and 10 MB of FedAux state no longer travels between the SuperNode
