@@ -6,14 +6,23 @@ One invocation, the same run everywhere (FedAux, hidden 256, 3 clients on the re
 code's Cora files client_0..2, the deploy README's ``client-state="file"``), one after
 another on this machine:
 
-- ``simulation``: ``fedgraph-run .`` with ``partition=files`` on a local SuperLink in a
-  private ``FLWR_HOME`` (3 simulated SuperNodes, one CPU each), stopped afterwards;
+- ``simulation``: ``fedgraph-run .`` with ``partition=files`` on a local SuperLink of its
+  own: a private ``FLWR_HOME`` and free ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``,
+  ``FLWR_LOCAL_CONTROL_API_PORT``; flwr's defaults 39091/39093 would reach another
+  user's local SuperLink already there), 3 simulated SuperNodes, one CPU each; stopped
+  afterwards;
 - ``loopback, fedgraph-*``: benchmarks/deploy_round.py (TLS, SuperNode auth, process
   isolation; ``fedgraph-supernode`` + ``fedgraph-superexec``);
 - ``loopback, stock flower-*``: the same with ``--stock-flower``;
 - ``containers``: deploy/scripts/compose_smoke.sh's per-round seconds where Docker runs
   here and ``--containers`` is given (``--torch-wheels DIR`` where PyTorch's index is out
   of reach); otherwise the row says why it is missing.
+
+Data: ``--partitions DIR`` holds ``client_0.npz``..``client_2.npz``; the default is the
+reference code's Cora files, ``../shared/reference-partitions/fedaux-cora-disjoint-10``
+beside the checkout. Without them, make a folder with ``FEDGRAPH_DATA_ROOT=/path/to/datasets
+python -m fedgraph_flwr.partition --dataset Cora --num-clients 3 --export DIR --format npz``
+(other files: other figures than docs/performance.md's).
 
 Each figure is the median of ``results.json``'s round timer over rounds 2..N (round 1
 includes first contact). Prints a Markdown table and one JSON line per variant.
@@ -25,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +48,12 @@ from flwr_run_rounds import stop_superlink  # noqa: E402
 
 DEFAULT_PARTITIONS = ROOT.parent / "shared" / "reference-partitions" / "fedaux-cora-disjoint-10"
 CLIENTS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _median_after_first(results: Path) -> dict:
@@ -54,7 +70,9 @@ def simulation(rounds: int, partitions: Path, work: Path) -> dict:
     for i in range(CLIENTS):
         shutil.copy(partitions / f"client_{i}.npz", folder)
     home = str(work / "flwr-home")
-    env = dict(os.environ, FLWR_HOME=home, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    env = dict(os.environ, FLWR_HOME=home, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+               FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
     env.pop("FEDGRAPH_DATA_ROOT", None)
     run_config = (f"algorithm='fedaux' num-clients={CLIENTS} rounds={rounds} hidden=256 "
                   f"partition='files' partition-dir='{folder}' client-state='file' "
@@ -131,7 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 2 (round 1 is not timed)")
     missing = [i for i in range(CLIENTS) if not (args.partitions / f"client_{i}.npz").is_file()]
     if missing:
-        parser.error(f"{args.partitions} lacks client_{missing[0]}.npz")
+        parser.error(f"{args.partitions} lacks client_{missing[0]}.npz: pass --partitions DIR "
+                     f"with client_0..{CLIENTS - 1}.npz (default: the reference code's Cora "
+                     f"files in ../shared/reference-partitions/fedaux-cora-disjoint-10), or make "
+                     f"them: FEDGRAPH_DATA_ROOT=/path/to/datasets python -m "
+                     f"fedgraph_flwr.partition --dataset Cora --num-clients {CLIENTS} "
+                     f"--export DIR --format npz")
     work = Path(tempfile.mkdtemp(prefix="deploy-vs-sim-"))
     rows = []
     try:

@@ -25,6 +25,7 @@ Plain Python, no third-party imports: the tests load it by path.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -43,6 +44,19 @@ README_FEATURES, README_CLASSES = 1433, 7
 # compose, the same network namespace) EXECUTOR_HEALTH_PORT.
 HEALTH_PORT = 9098
 EXECUTOR_HEALTH_PORT = 9099
+# Healthchecks: their timeout and start period are derived from what one probe and a
+# SuperLink's start cost in CPU seconds, for a host with HEALTHCHECK_LOAD runnable
+# processes on HEALTHCHECK_CORES cores: a CPU-bound process there gets cores/(load+1) of
+# a core, so it takes its CPU time times (load+1)/cores; times HEALTHCHECK_MARGIN for
+# what the container engine's exec adds and the spread between runs. A fixed 5 s timeout
+# failed `compose up` at load 10-40 on 2 cores (issue #82). The costs, measured by
+#   python deploy/scripts/measure_health.py --probes 10 --stress 40
+# (2 cores, 45-46 runnable processes; the largest of the runs):
+PROBE_CPU_S = 0.136  # the probe's user+system CPU (idle: 0.098)
+SUPERLINK_START_CPU_S = 1.49  # the SuperLink's CPU from its start to SERVING (idle: 1.3)
+HEALTHCHECK_LOAD = 40
+HEALTHCHECK_CORES = 2
+HEALTHCHECK_MARGIN = 4.0
 # SuperLink log file rotation (Flower's own --log-file options; SuperNodes and executors
 # have none in flwr 1.41: systemd/journald or logrotate, deploy/systemd/).
 LOG_ROTATION_HOURS = 24
@@ -171,7 +185,20 @@ def clientapp_executor_cmd(ca: str, runtime_address: str, health: str | None = N
 
 def health_probe_cmd(address: str) -> list[str]:
     """A healthcheck: exit 0 iff Flower's health service at ``address`` answers SERVING."""
-    return ["python", HEALTH_PROBE, address]
+    rpc = healthcheck_timing()["rpc_timeout_s"]
+    return ["python", HEALTH_PROBE, address, "--timeout", f"{rpc:g}"]
+
+
+def healthcheck_timing(load: int = HEALTHCHECK_LOAD, cores: int = HEALTHCHECK_CORES) -> dict:
+    """The healthcheck's ``timeout`` and ``start_period`` (whole seconds) for ``load``
+    runnable processes on ``cores`` cores, from the measured CPU costs above, and the
+    probe's own gRPC deadline (half the timeout: the interpreter's start and grpc's
+    import take the rest; a probe past it says why before compose kills it)."""
+    slowdown = HEALTHCHECK_MARGIN * (load + 1) / cores
+    timeout = math.ceil(PROBE_CPU_S * slowdown)
+    return {"timeout_s": timeout, "rpc_timeout_s": timeout / 2,
+            "start_period_s": math.ceil(SUPERLINK_START_CPU_S * slowdown),
+            "interval_s": max(10, timeout)}
 
 
 def node_config(partition_file: str, partition_id: int | None = None) -> str:
@@ -261,7 +288,9 @@ def shell(cmd: list[str], env: dict[str, str] | None = None) -> str:
 
 # --- the README's N-machine walk-through (rendered with its placeholder values) -------------
 README_HOST = "superlink.example.org"
-README_CA_PATH = "/home/operator/fedgraph-deploy/tls/ca.crt"  # absolute: the CLI reads it from anywhere
+# Expanded by the shell when step 4's block writes it: an absolute path, which the CLI
+# reads from any folder.
+README_CA_PATH = "$FEDGRAPH_DEPLOY_DIR/tls/ca.crt"
 README_DIR = f'"${DEPLOY_DIR_ENV}"'  # the scripts write under it (outside the checkout)
 # client-state="file": each owner keeps its optimizer state on its own disk (it survives
 # a SuperNode restart, and 10 MB of FedAux state no longer travels between the SuperNode

@@ -220,6 +220,13 @@ def event_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def resume_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per resume: by hand (``resume=true``) or ``fedgraph-run``'s restart of a
+    run whose ServerApp died (``--restarts``)."""
+    return [[str(r["after_round"]), str(r["at"]), f"{_num(r.get('elapsed_before_s')):.1f}"]
+            for r in results.get("resumes", [])]
+
+
 CLIENT_HEADER = ["client", "nodes", "edges", "train", "val", "test", "device", "best-val round",
                  "val (%)", "test (%)", "failures"]
 
@@ -294,6 +301,9 @@ def run_report_html(results: dict[str, Any], run_dir: Path) -> str:
     if events:
         parts.append("<h2>Failed, rejected and screened replies</h2>"
                      + table(["round", "client", "what happened"], events, left=3))
+    if results.get("resumes"):
+        parts.append("<h2>Resumed from the checkpoint</h2>" + table(
+            ["resumed after round", "at (UTC)", "s run before"], resume_rows(results), left=2))
     costs = _png(run_dir / "costs.png")
     parts.append("<h2>Costs</h2>" + table(["total", ""], cost_rows(results))
                  + (f"<div style='margin-top:10px'>{figure(costs, 'bytes and seconds per round')}"

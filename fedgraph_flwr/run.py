@@ -10,6 +10,14 @@ final status (``flwr ls --run-id <id> --format json``) and exits with
 - ``flwr run``'s own status when that is not 0 (e.g. no SuperLink, a bad argument);
 - 2: the run's outcome is unknown (no run id in the output, no status from the SuperLink).
 
+A run whose ServerApp died (``finished:failed`` with neither the ServerApp's own error
+line nor a traceback in the log: a SIGKILL, the OOM killer, its host gone) is restarted
+with no operator action, up to ``--restarts N`` times (default 2; 0 turns it off; this
+command's flag, not passed to ``flwr run``): with ``--run-config resume=true`` once a
+round was done, so it continues from its checkpoint (with ``client-state="file"`` it
+ends bit-identical to an uninterrupted run), else from the start. Each restart is one
+line here, and each resume an entry of results.json's ``resumes`` and report.html.
+
 Before anything is submitted, the ``--run-config`` values are checked exactly as the
 ServerApp will check them (unknown keys by name, with the closest valid one; bad
 values; a missing ``config-file``), ``num-clients`` against this command's
@@ -23,7 +31,7 @@ this shell is passed on as ``--run-config data-root=...`` unless the arguments s
 ``data-root``: the local SuperLink runs the apps with the environment it had when it
 started, which a variable exported since never reaches.
 
-Usage: ``fedgraph-run . --run-config "rounds=5"`` (any ``flwr run`` arguments).
+Usage: ``fedgraph-run . --run-config "rounds=5" [--restarts 2]`` (any ``flwr run`` arguments).
 """
 
 from __future__ import annotations
@@ -38,14 +46,23 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 #: ``flwr run`` options that take a value (the rest of the tokens are flags or positionals).
 VALUE_OPTIONS = {"--federation", "--run-config", "-c", "--federation-config", "--format"}
 RUN_ID = re.compile(r"Successfully started run (\d+)|\"run-id\":\s*\"?(\d+)")
+#: The driver's line for a finished round (driver.py: ``round 3/8: mean val ...``).
+ROUND_DONE = re.compile(r"\bround (\d+)/\d+: mean val")
+TRACEBACK = "Traceback (most recent call last)"
+NO_CHECKPOINT = "resume=true but there is no checkpoint"  # checkpoint.py's ConfigError
+#: Restarts of a run whose ServerApp died, unless ``--restarts`` says otherwise.
+DEFAULT_RESTARTS = 2
 #: Seconds to wait, after the log stream ends, for the SuperLink to record the outcome.
-STATUS_WAIT_S = 30.0
+#: Each ``flwr ls`` is a fresh CLI process: at load 40 on 2 cores the compose smoke got
+#: no status within 30 s ("outcome unknown" for a run that had written its results).
+STATUS_WAIT_S = 180.0
 LOCAL_ADDRESSES = (":local:", ":local-in-memory:")
 ERROR_LINE = "fedgraph-flwr: error: "  # what server_app.py prints before it stops a run
 
@@ -272,12 +289,83 @@ def exit_code(status: tuple[str, str] | None) -> int:
     return 0 if status[0] == "finished:completed" else 1
 
 
+@dataclass
+class Attempt:
+    """One ``flwr run --stream`` as this command followed it."""
+
+    rc: int  # flwr run's own exit status
+    run_id: int | None = None
+    said: bool = False  # the ServerApp's own one-line error went by
+    raised: bool = False  # a Python traceback went by (an exception, not a death)
+    last_round: int = 0  # the last round the stream reported done
+    no_checkpoint: bool = False  # resume=true found no checkpoint (died before the first)
+
+
+def follow(args: Sequence[str]) -> Attempt:
+    """Run ``flwr run`` with ``args``, passing its output through, and note what it said."""
+    proc = subprocess.Popen([*_flwr(), "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    seen = Attempt(rc=0)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            seen.said |= line.startswith(ERROR_LINE)
+            seen.no_checkpoint |= line.startswith(ERROR_LINE) and NO_CHECKPOINT in line
+            seen.raised |= line.startswith(TRACEBACK)
+            done = ROUND_DONE.search(line)
+            if done:
+                seen.last_round = max(seen.last_round, int(done[1]))
+            match = RUN_ID.search(line) if seen.run_id is None else None
+            if match:
+                seen.run_id = int(match[1] or match[2])
+        seen.rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.wait()
+        if seen.run_id is not None:
+            print(f"fedgraph-run: stopped following run {seen.run_id}; it goes on "
+                  f"(flwr stop {seen.run_id} ends it)", file=sys.stderr)
+        raise
+    return seen
+
+
+def died(attempt: Attempt, status: tuple[str, str] | None) -> bool:
+    """Whether the run failed because its ServerApp died (killed, out of memory, its
+    host gone) rather than stopped on purpose: ``finished:failed`` with neither the
+    ServerApp's own error line nor a traceback in its log. Only such a run is restarted:
+    a config error, a failed handshake or a bug would fail the same way again."""
+    return (status is not None and status[0] == "finished:failed"
+            and not attempt.said and not attempt.raised)
+
+
+def take_restarts(args: list[str]) -> tuple[list[str], int]:
+    """``args`` without ``--restarts N`` (this command's, not flwr's), and N."""
+    rest, restarts = [], DEFAULT_RESTARTS
+    it = iter(args)
+    for token in it:
+        name, eq, value = token.partition("=")
+        if name != "--restarts":
+            rest.append(token)
+            continue
+        value = value if eq else next(it, "")
+        if not value.isdigit():
+            raise ValueError(f"--restarts {value!r}: give a whole number of restarts (0: none)")
+        restarts = int(value)
+    return rest, restarts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())
         return 0
+    try:
+        args, restarts = take_restarts(args)
+    except ValueError as exc:
+        print(f"fedgraph-run: error: {exc}", file=sys.stderr)
+        return 2
     if "--stream" not in args:
         args.append("--stream")
     args, note = with_data_root(args)
@@ -289,40 +377,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     positionals, _ = split_args(args)
     superlink = positionals[1] if len(positionals) > 1 else None
-    proc = subprocess.Popen([*_flwr(), "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    run_id = None
-    said = False  # the ServerApp's own one-line error went by
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            said |= line.startswith(ERROR_LINE)
-            match = RUN_ID.search(line) if run_id is None else None
-            if match:
-                run_id = int(match[1] or match[2])
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        proc.wait()
-        if run_id is not None:
-            print(f"fedgraph-run: stopped following run {run_id}; it goes on "
-                  f"(flwr stop {run_id} ends it)", file=sys.stderr)
-        return 130
-    if rc != 0:
-        return rc
-    if run_id is None:
-        print("fedgraph-run: flwr run printed no run id: outcome unknown", file=sys.stderr)
-        return 2
-    status = final_status(run_id, superlink)
-    code = exit_code(status)
+    attempt_args, done, restart = args, 0, 0
+    while True:
+        try:
+            attempt = follow(attempt_args)
+        except KeyboardInterrupt:
+            return 130
+        if attempt.rc != 0:
+            return attempt.rc
+        if attempt.run_id is None:
+            print("fedgraph-run: flwr run printed no run id: outcome unknown", file=sys.stderr)
+            return 2
+        status = final_status(attempt.run_id, superlink)
+        code = exit_code(status)
+        done = max(done, attempt.last_round)
+        if attempt.no_checkpoint and attempt_args is not args:
+            # Our resume found no checkpoint: the ServerApp died after a round's line and
+            # before that round's checkpoint was on disk. Start again from round 1.
+            done = 0
+        elif not died(attempt, status):
+            break
+        if code != 1 or restart == restarts:
+            break
+        restart += 1
+        assert status is not None
+        # A round the stream called done is checkpointed (or its predecessor, the write
+        # ending in the background): resume. Before any round: start again.
+        attempt_args = [*args, "--run-config", "resume=true"] if done else args
+        how = (f"resuming from its last checkpoint (its log had reached round {done})" if done
+               else "starting it again (no round's checkpoint)")
+        why = f": {status[1]}" if status[1] else ""
+        print(f"fedgraph-run: run {attempt.run_id} {status[0]} with no error from its ServerApp "
+              f"(it died{why}); restart {restart} of {restarts}: {how}", file=sys.stderr,
+              flush=True)
     if code == 2:
         shown = status[0] if status else "no status from the SuperLink"
-        print(f"fedgraph-run: run {run_id}: outcome unknown ({shown})", file=sys.stderr)
+        print(f"fedgraph-run: run {attempt.run_id}: outcome unknown ({shown})", file=sys.stderr)
     elif code == 1:
         assert status is not None
-        details = " (the reason is above)" if said else (f": {status[1]}" if status[1] else "")
-        print(f"fedgraph-run: run {run_id} {status[0]}{details}", file=sys.stderr)
+        details = " (the reason is above)" if attempt.said else (
+            f": {status[1]}" if status[1] else "")
+        print(f"fedgraph-run: run {attempt.run_id} {status[0]}{details}", file=sys.stderr)
     return code
 
 

@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any
+
+
+def clients_per_round(rounds: list[dict[str, Any]]) -> str:
+    """How many of each round's sampled clients replied, consecutive rounds alike
+    grouped, e.g. ``rounds 1-2: 3/3 clients; rounds 3-5: 2/3 (without 1); rounds 6-8:
+    3/3``; ``3/3 clients in each of the 8 rounds`` when all are alike. ``rounds`` are
+    results.json's entries (``clients`` replied, ``sampled`` asked)."""
+    def shape(r: dict[str, Any]) -> tuple[int, int, tuple[int, ...]]:
+        replied = {int(c) for c in r["clients"]}
+        return len(replied), len(r["sampled"]), tuple(sorted(set(r["sampled"]) - replied))
+
+    groups = [(key, [r["round"] for r in members])
+              for key, members in groupby(rounds, key=shape)]
+    parts = []
+    for (got, asked, missing), numbers in groups:
+        span = f"round {numbers[0]}" if len(numbers) == 1 else f"rounds {numbers[0]}-{numbers[-1]}"
+        without = f" (without {', '.join(map(str, missing))})" if missing else ""
+        parts.append(f"{span}: {got}/{asked} clients{without}")
+    if len(groups) == 1:
+        (got, asked, missing), numbers = groups[0]
+        without = f" (without {', '.join(map(str, missing))})" if missing else ""
+        return f"{got}/{asked} clients{without} in each of the {len(numbers)} rounds"
+    return "; ".join(parts)
 
 
 def format_summary(results: dict[str, Any]) -> str:
@@ -36,6 +60,8 @@ def format_summary(results: dict[str, Any]) -> str:
         f"received {final.get('total_bytes_received', 0) / 1e6:.2f} MB, "
         f"failures {final.get('failures', 0)}, void rounds {final.get('void_rounds', 0)}"
     )
+    if any(len(r["clients"]) < len(r["sampled"]) for r in results["rounds"]):
+        lines.append(f"clients per round: {clients_per_round(results['rounds'])}")
     if "total_time_train_s" in final:
         lines.append(
             f"time: local training {final['total_time_train_s']:.2f}s (sum over clients), "

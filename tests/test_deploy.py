@@ -13,7 +13,7 @@ local training, and again while the server aggregates, costs each round at most
 ``round-timeout`` + 5 s, its reason is recorded, and once restarted it trains again
 on the server's personalized payload; a SIGTERMed ``fedgraph-superexec`` with a
 ClientApp in flight leaves no process behind within 5 s; a ServerApp killed at a
-random round and resumed ends as an uninterrupted run; a SuperNode
+random round is restarted by fedgraph-run, resumes and ends as an uninterrupted run; a SuperNode
 whose file is missing or has another feature width stops the run at the handshake
 with a message naming the problem; a forked ClientApp that asks for its message before
 its SuperNode has stored it waits for it; a data owner whose ClientApp executor tampers
@@ -527,20 +527,21 @@ RESUME_ROUNDS = 20
 
 
 @through_the_guard
-def test_serverapp_killed_at_random_round_resumes_to_identical_results(deployment):
-    """20 rounds, client-state="file": the ServerApp process SIGKILLed once a randomly
-    chosen round (seeded) is checkpointed, then ``resume=true`` under the same run name;
-    every round's per-client metrics equal an uninterrupted run's (run beside it, on the
-    same SuperNodes). Deployment processes rather than a simulation: the kill is a real
-    SIGKILL of the ServerApp process, and a round here takes ~2 s (a simulation's Ray
-    start alone costs more than the 20 rounds)."""
+def test_serverapp_killed_at_random_round_is_restarted_and_ends_as_uninterrupted(deployment):
+    """The ServerApp-kill drill (issue #82): 20 rounds, client-state="file"; the ServerApp
+    process is SIGKILLed (by PID) once a randomly chosen round (seeded) is checkpointed,
+    and nothing is touched after: ``fedgraph-run`` sees the run fail with no error from
+    its ServerApp, restarts it with ``resume=true``, and exits 0. Every round's per-client
+    metrics equal an uninterrupted run's (run beside it, on the same SuperNodes), and
+    results.json records the resume. Deployment processes rather than a simulation: the
+    kill is a real SIGKILL of the ServerApp process, and a round here takes ~2 s."""
     import random
 
     from helpers import round_metrics
 
     dep = deployment
     kill_after = random.Random(26).randint(2, RESUME_ROUNDS - 2)
-    print(f"\nresume test: the ServerApp is killed after round {kill_after} (seeded choice)")
+    print(f"\nServerApp-kill drill: the ServerApp is killed after round {kill_after} (seeded)")
     out = dep.tmp / "outputs"
 
     def config(run_name: str, **extra) -> dict:
@@ -553,7 +554,7 @@ def test_serverapp_killed_at_random_round_resumes_to_identical_results(deploymen
     crashed = start_run(dep, dep.app, config("resume-crashed"))
     full = None
     try:
-        deadline = time.time() + RUN_TIMEOUT
+        deadline = time.time() + 2 * RUN_TIMEOUT
         ckpt = out / "resume-crashed" / "checkpoint.pt"
         wait_for("round 1", lambda: _checkpoint_round(ckpt) >= 1, deadline, crashed)
         serverapps = [p for p in process_tree(executor) if p != executor and alive(p)]
@@ -563,12 +564,11 @@ def test_serverapp_killed_at_random_round_resumes_to_identical_results(deploymen
                  crashed, pause=0.01)
         for pid in serverapps:
             os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
         at_kill = _checkpoint_round(ckpt)
-        os.killpg(crashed.pid, signal.SIGKILL)  # `fedgraph-run` (and its `flwr run`) of the dead run
-        crashed.wait()
-        assert not (out / "resume-crashed" / "results.json").exists()
-        resumed = start_run(dep, dep.app, config("resume-crashed", resume=True))
-        resumed_out, _ = resumed.communicate(timeout=max(1.0, deadline - time.time()))
+        # No operator action from here: fedgraph-run must bring the run back by itself.
+        crashed_out, _ = crashed.communicate(timeout=max(1.0, deadline - time.time()))
+        took = time.time() - killed_at
         full_out, _ = full.communicate(timeout=max(1.0, deadline - time.time()))
     finally:
         for p in (crashed, full):
@@ -576,15 +576,59 @@ def test_serverapp_killed_at_random_round_resumes_to_identical_results(deploymen
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     assert full.returncode == 0, full_out[-4000:]
-    assert resumed.returncode == 0, resumed_out[-4000:]
-    assert f"after round {at_kill}" in resumed_out, resumed_out[-4000:]
+    assert crashed.returncode == 0, crashed_out[-4000:]
+    assert "restart 1 of 2: resuming from its last checkpoint" in crashed_out, crashed_out[-4000:]
+    assert f"after round {at_kill}" in crashed_out, crashed_out[-4000:]
     a = json.loads((out / "resume-full" / "results.json").read_text())
     b = json.loads((out / "resume-crashed" / "results.json").read_text())
     assert [r["round"] for r in b["rounds"]] == list(range(1, RESUME_ROUNDS + 1))
     assert round_metrics(b) == round_metrics(a)
     assert [r["aggregate"] for r in b["rounds"]] == [r["aggregate"] for r in a["rounds"]]
     assert b["final"]["test_at_best_val"] == a["final"]["test_at_best_val"]
-    print(f"resumed after round {at_kill}: 20 rounds x 3 clients equal the uninterrupted run")
+    assert [r["after_round"] for r in b["resumes"]] == [at_kill] and "resumes" not in a
+    assert "Resumed from the checkpoint" in (out / "resume-crashed" / "report.html").read_text()
+    restart_line = next(line for line in crashed_out.splitlines() if "restart 1 of 2" in line)
+    print(f"{restart_line}\nkilled after round {at_kill}; the run completed {took:.0f} s after "
+          f"the kill with no operator action; 20 rounds x 3 clients equal the uninterrupted run")
+
+
+def test_a_refused_supernode_is_named_while_the_run_waits_and_when_it_stops(deployment):
+    """Issue #82: client 3's SuperNode (the intruder: its key never registered) is refused
+    by the SuperLink. A run for 4 clients names client 3 as not seen while it waits
+    (progress.json and the log, within WAIT_REPORT_S plus the log stream's lag), and
+    stops at handshake-timeout with that list, exit status 1."""
+    from fedgraph_flwr.engine.flower_transport import WAIT_FIRST_REPORT_S, WAIT_REPORT_S
+
+    dep = deployment
+    timeout = 45.0
+    proc = start_run(dep, dep.app, {"algorithm": algorithm_under_test(), "num-clients": NUM_CLIENTS + 1,
+                                    "hidden": 32, "rounds": 1, "handshake-timeout": timeout,
+                                    "output-dir": str(dep.tmp / "outputs"), "run-name": "refused"})
+    t0 = time.time()
+    first, lines = None, []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if first is None and "waiting for clients" in line and f"client {NUM_CLIENTS} not seen" in line:
+                first = time.time() - t0
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    took = time.time() - t0
+    out = "".join(lines)
+    assert first is not None and first < 60.0, out[-4000:]
+    assert proc.returncode == 1, out[-4000:]
+    stop = (rf"{NUM_CLIENTS} SuperNodes but num-clients={NUM_CLIENTS + 1} \({NUM_CLIENTS} of "
+            rf"{NUM_CLIENTS + 1} SuperNodes connected .*client {NUM_CLIENTS} not seen")
+    assert re.search(stop, out), out[-4000:]
+    progress = json.loads((dep.tmp / "outputs" / "refused" / "progress.json").read_text())
+    assert progress["waiting_for_clients"]["missing"] == [NUM_CLIENTS]
+    print(f"\nrefused node: first report naming client {NUM_CLIENTS} {first:.1f} s after "
+          f"fedgraph-run started (reports after {WAIT_FIRST_REPORT_S:g} s, then every "
+          f"{WAIT_REPORT_S:g} s); the run stopped after "
+          f"{took:.1f} s (handshake-timeout {timeout:g} s), exit status {proc.returncode}")
 
 
 @pytest.mark.parametrize("problem", ["missing", "feature-width"])

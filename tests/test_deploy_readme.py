@@ -10,14 +10,18 @@ a README that drifts fails here:
 - ``/srv/fedgraph`` becomes a temporary folder per organisation;
 - owner 0's names (``supernode-0``, ``client_0``) become owner i's;
 - ``rounds=100`` becomes 2;
-- ``git clone ...`` becomes ``cd`` into a copy of the checkout under test;
+- ``git clone ...`` becomes ``cd`` into a copy of the checkout under test (a folder named
+  ``fedgraph-flwr``, as the clone, from whose parent ``flwr ... fedgraph`` must work);
 - ``pip install -e .`` is dropped (the environment under test is installed already).
 
 The steps README gives in prose are done here as it says: the CA certificate is handed
 to the owners, the public keys to the operator, and the subgraph files are made with its
-partition command. The long-running commands (SuperLink, SuperNodes, executors) run in
-the background, each in its own process group, stopped at the end. The run must end with
-``fedgraph-run`` exiting 0 and two rounds in results.json.
+partition command, as printed (with ``FEDGRAPH_DATA_ROOT`` on its command line: no
+variable of the caller's reaches the replay). Step 4's connection block runs before any
+``flwr`` command, so it must create ``~/.flwr/config.toml`` itself. The long-running
+commands (SuperLink, SuperNodes, executors) run in the background, each in its own
+process group, stopped at the end. The run must end with ``fedgraph-run`` exiting 0 and
+two rounds in results.json.
 
 It uses free ports on 127.0.0.1, not network namespaces: CI may not allow ``unshare``.
 """
@@ -146,19 +150,19 @@ def test_the_deploy_readme_replayed_for_three_owners_on_one_host(tmp_path, data_
     steps = readme_blocks()
     shape = {step: [lang for lang, _ in blocks] for step, blocks in steps.items()}
     assert shape == {0: ["bash"], 1: ["bash"], 2: ["bash"], 3: ["bash", "bash"],
-                     4: ["toml", "bash"], 5: ["bash", "bash", "bash"], 6: ["bash"]}, shape
+                     4: ["bash", "bash"], 5: ["bash", "bash", "bash", "bash"], 6: ["bash"]}, shape
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "FEDGRAPH_"))}
     base_env["PYTHONUNBUFFERED"] = "1"
-    operator = Organisation("operator", tmp_path, checkout_copy(tmp_path / "operator" / "fedgraph"),
+    operator = Organisation("operator", tmp_path, checkout_copy(tmp_path / "operator" / "fedgraph-flwr"),
                             base_env)
-    owners = [Organisation(f"owner-{i}", tmp_path, checkout_copy(tmp_path / f"owner-{i}" / "fedgraph"),
+    owners = [Organisation(f"owner-{i}", tmp_path, checkout_copy(tmp_path / f"owner-{i}" / "fedgraph-flwr"),
                            base_env) for i in range(OWNERS)]
     superlink_port, superlink_health = cluster.free_port(), cluster.free_port()
     everyone = [operator, *owners]
     try:
         # 0. Every machine.
         for org in everyone:
-            block = swap(steps[0][0][1], "git clone <this repository> fedgraph && cd fedgraph",
+            block = swap(steps[0][0][1], "git clone <this repository> fedgraph-flwr && cd fedgraph-flwr",
                          f"cd {org.checkout}")
             block = swap(block, "pip install -e .", ": pip install -e .")
             org.profile = block
@@ -182,28 +186,31 @@ def test_the_deploy_readme_replayed_for_three_owners_on_one_host(tmp_path, data_
         wait_for(link_log, r"Uvicorn running on https://", 90, operator.procs)
         operator.start("serverapp-executor",
                        swap(executor, "127.0.0.1:8000", f"127.0.0.1:{superlink_port}"))
-        # 4. Operator: the connection block in ~/.flwr/config.toml, then the keys.
-        toml = swap(swap(steps[4][0][1], f"{HOST}:8000", f"127.0.0.1:{superlink_port}"),
-                    "/home/operator/fedgraph-deploy/tls/ca.crt",
-                    str(operator.deploy_dir / "tls" / "ca.crt"))
-        operator.run("flwr --version")
-        config = operator.home / ".flwr" / "config.toml"
-        config.parent.mkdir(exist_ok=True)
-        config.write_text((config.read_text() + "\n" if config.is_file() else "") + toml)
+        # 4. Operator: the connection, added to ~/.flwr/config.toml as printed (no flwr
+        #    command has run yet, so the file does not exist: the block must make it),
+        #    then the keys, from the folder that holds the checkout (a `fedgraph` folder
+        #    there would be read as an app).
+        assert not (operator.home / ".flwr" / "config.toml").exists()
+        operator.run(swap(steps[4][0][1], f"{HOST}:8000", f"127.0.0.1:{superlink_port}"))
+        connection = (operator.home / ".flwr" / "config.toml").read_text()
+        assert f'root-certificates = "{operator.deploy_dir}/tls/ca.crt"' in connection, connection
         register = steps[4][1][1]
         line = "flwr supernode register keys/supernode-0.pub fedgraph"
         register = swap(register, line, "\n".join(
             line.replace("supernode-0", f"supernode-{i}") for i in range(OWNERS)))
         listed = operator.run(f'cd "$FEDGRAPH_DEPLOY_DIR"\n{register}').stdout
         assert listed.count("registered successfully") == OWNERS, listed
+        assert "fedgraph-flwr" in {p.name for p in operator.checkout.parent.iterdir()}
+        operator.run(f"cd {operator.checkout.parent}\nflwr supernode list fedgraph")
         assert listed.count("│ registered │") == OWNERS, listed  # flwr supernode list
-        # 5. Each owner: the subgraph file (README's partition command), pre-flight,
-        #    SuperNode and ClientApp executor.
+        # 5. Each owner: the subgraph file (README's partition command), pre-flight of
+        #    the file and of the link to the SuperLink, SuperNode and ClientApp executor.
         files = tmp_path / "partition"
-        operator.env["FEDGRAPH_DATA_ROOT"] = str(data_root)
-        operator.run(f"python -m fedgraph_flwr.partition --dataset Cora --num-clients {OWNERS} "
-                     f"--export {files} --format npz")
-        preflight, supernode, clientapp = (b for _, b in steps[5])
+        printed = ("FEDGRAPH_DATA_ROOT=/path/to/datasets python -m fedgraph_flwr.partition "
+                   f"--dataset Cora --num-clients {OWNERS} --export DIR --format npz")
+        need(README.read_text(), printed)  # the prose's command, run as printed
+        operator.run(printed.replace("/path/to/datasets", str(data_root)).replace("DIR", str(files)))
+        preflight, link, supernode, clientapp = (b for _, b in steps[5])
         for i, owner in enumerate(owners):
             shutil.copy(files / f"client_{i}.npz", owner.srv / f"client_{i}.npz")
 
@@ -213,6 +220,10 @@ def test_the_deploy_readme_replayed_for_three_owners_on_one_host(tmp_path, data_
                     "supernode-0", f"supernode-{i}").replace("clientapp-0", f"clientapp-{i}")
 
             owner.run(local(need(preflight, "/srv/fedgraph/client_0.npz")))
+            # The link before the SuperNode starts: TLS with ca.crt and the key registered.
+            checked = owner.run(local(swap(link, f"{HOST}:8000", f"127.0.0.1:{superlink_port}")))
+            assert checked.stdout.count("fedgraph-preflight: ") == 2, checked.stdout
+            assert "is registered with the SuperLink" in checked.stdout, checked.stdout
             runtime, health = cluster.free_port(), cluster.free_port()
             node = local(need(supernode, "/srv/fedgraph/client_0.npz"))
             node = swap(swap(swap(node, f"{HOST}:8000", f"127.0.0.1:{superlink_port}"),

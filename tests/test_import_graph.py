@@ -73,8 +73,9 @@ SERVER = {f"{ENGINE}.{m}" for m in (
     "driver", "federation", "flower_transport", "server_app", "roster", "recorder", "ckks_mixing",
     "run_recorder", "replies", "ledger", "checkpoint", "protocols", "transport",
     "privacy_budget", "robust", "trackers")}
-#: The client's side: a ClientApp process never needs the server's code.
-CLIENT = {f"{ENGINE}.{m}" for m in ("client_app", "client_runtime")}
+#: The client's side: a ClientApp process never needs the server's code (nor does the
+#: data owner's check of its link to the SuperLink, fleet_check).
+CLIENT = {f"{ENGINE}.{m}" for m in ("client_app", "client_runtime", "fleet_check")}
 #: Used by both sides, so they may import neither: the names both agree on (contract),
 #: the Flower-record and state codecs, and the Flower speed-ups (accelerate: the
 #: ServerApp's reply pulls, the SuperNode's and SuperExec's commands).

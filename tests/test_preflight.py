@@ -113,3 +113,76 @@ def test_the_console_command_exits_with_the_status(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fedgraph_flwr.preflight", bad],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+
+
+# --- the link to the SuperLink: TLS and key registration, against a real one -------------
+
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    """A loopback SuperLink as deploy/README runs it (TLS, SuperNode auth; free ports, its
+    own FLWR_HOME), one SuperNode key registered and one not."""
+    import importlib.util
+    from pathlib import Path
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy"
+    spec = importlib.util.spec_from_file_location("preflight_local_cluster", deploy / "local_cluster.py")
+    cluster = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cluster)
+    dep = cluster.LocalDeployment(tmp_path_factory.mktemp("preflight-link"))
+    try:
+        dep.make_tls()
+        dep.make_keys(["supernode-0", "stranger"])
+        dep.start_superlink()
+        dep.register("supernode-0")
+        dep.cluster = cluster
+        yield dep
+    finally:
+        dep.stop_all()
+
+
+@pytest.mark.deploy
+@pytest.mark.slow
+def test_preflight_checks_tls_and_key_registration_against_the_superlink(superlink, tmp_path, capsys):
+    import json
+    import time
+
+    dep = superlink
+    ca, keys = str(dep.tls / "ca.crt"), dep.keys
+    link = ["--superlink", dep.address, "--root-certificates", ca]
+    t0 = time.perf_counter()
+    rc, out, err = _run(capsys, _write(tmp_path), *link,
+                        "--auth-supernode-private-key", str(keys / "supernode-0"))
+    took = time.perf_counter() - t0
+    lines = out.splitlines()
+    assert rc == 0 and err == "" and len(lines) == 3, (out, err)
+    assert lines[0].endswith(": ready")
+    assert lines[1].startswith(f"fedgraph-preflight: TLS to {dep.address}: the SuperLink's "
+                               f"certificate (for 127.0.0.1") and "is signed by the CA" in lines[1]
+    assert lines[2].startswith("fedgraph-preflight: SuperNode key sha256:") and "is registered" in lines[2]
+
+    rc, out, err = _run(capsys, *link, "--auth-supernode-private-key", str(keys / "stranger"))
+    assert rc == 1 and "TLS to" in out  # the link is fine, the key is not
+    assert err.startswith("fedgraph-preflight: error: FleetCheckError: the SuperLink at ")
+    assert "does not know this SuperNode's public key" in err and "flwr supernode register" in err
+
+    rc, out, err = _run(capsys, "--superlink", dep.address, "--root-certificates",
+                        str(dep.node_tls / "ca.crt"))  # another CA's certificate
+    assert rc == 1 and "the SuperLink's certificate is not accepted with" in err, err
+    rc, out, err = _run(capsys, "--superlink", "127.0.0.1:1", "--root-certificates", ca)
+    assert rc == 1 and "cannot reach the SuperLink at 127.0.0.1:1: Connection refused" in err, err
+    rc, out, err = _run(capsys, *link, "--auth-supernode-private-key", str(keys / "stranger.pub"))
+    assert rc == 1 and "is not an OpenSSH or PEM private key" in err, err
+    # The check activated nothing: the registered node is still only registered.
+    nodes = json.loads(dep.cluster.check_call(
+        ["flwr", "supernode", "list", dep.cluster.L.CONNECTION, "--format", "json"], dep.env))["nodes"]
+    assert [n["status"] for n in nodes] == ["registered"], nodes
+    print(f"\npreflight: file + TLS + key registration in {took:.2f} s")
+
+
+def test_preflight_link_flags_go_together(capsys):
+    with pytest.raises(SystemExit):
+        preflight.main(["--superlink", "127.0.0.1:9092"])
+    assert "--superlink and --root-certificates go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        preflight.main([])
+    assert "give the client file, --superlink HOST:PORT, or both" in capsys.readouterr().err

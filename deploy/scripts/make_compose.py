@@ -50,7 +50,9 @@ HEADER = """\
 # Port 8000 is published on 127.0.0.1 only; to let SuperNodes on other machines in, set
 # FEDGRAPH_PUBLISH=0.0.0.0 (or one interface's address) in .env and firewall the port.
 # Healthchecks ask Flower's gRPC health service (--health-server-address, flwr >= 1.41)
-# with deploy/scripts/health_probe.py; logs rotate through the json-file driver's options.
+# with deploy/scripts/health_probe.py; their timeout and start period are derived from
+# the probe's measured cost for a host at load 40 on 2 cores (deploy/layout.py,
+# healthcheck_timing). Logs rotate through the json-file driver's options.
 """
 
 # Container logs: Docker's json-file driver, rotated (docker-compose 1.29 and v2 both
@@ -59,9 +61,13 @@ LOGGING = {"driver": "json-file", "options": {"max-size": "10m", "max-file": "5"
 
 
 def _healthcheck(address: str) -> dict:
-    """Flower's health service, asked from inside the container (127.0.0.1)."""
-    return {"test": ["CMD", *L.health_probe_cmd(address)], "interval": "10s",
-            "timeout": "5s", "retries": 6, "start_period": "60s"}
+    """Flower's health service, asked from inside the container (127.0.0.1); timeout and
+    start period derived from the probe's and the SuperLink's measured CPU cost for a
+    host at load 40 on 2 cores (deploy/layout.py, ``healthcheck_timing``)."""
+    timing = L.healthcheck_timing()
+    return {"test": ["CMD", *L.health_probe_cmd(address)], "interval": f"{timing['interval_s']}s",
+            "timeout": f"{timing['timeout_s']}s", "retries": 6,
+            "start_period": f"{timing['start_period_s']}s"}
 
 
 def client_state_volume(i: int) -> str:

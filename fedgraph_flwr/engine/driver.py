@@ -62,6 +62,13 @@ class RoundDriver:
         tracked = self.write and bool(self.config.tracker_names)
         if tracked:  # a missing package fails here, before any client is contacted
             check_installed(self.config.tracker_names)
+        if self.write:  # progress.json names the clients not seen while they are awaited
+            from .run_recorder import write_waiting
+
+            def on_waiting(waiting: dict[str, Any]) -> None:
+                write_waiting(self.config, waiting)
+
+            self.transport.on_waiting = on_waiting
         roster = self.transport.connect(self.config)
         # A ConfigError here (a federation that cannot run, a checkpoint of another run)
         # reaches the caller as it is: one line.

@@ -46,6 +46,12 @@ NEVER_BEATS_S = 1e12
 FIRST_POLL_FRACTION = 0.7
 FIRST_POLL_MAX = 1.0
 
+#: While a deployment waits for its SuperNodes: seconds until the first report naming the
+#: clients not seen yet (log and progress.json; SuperNodes already up connect within a
+#: second or two), then between reports.
+WAIT_FIRST_REPORT_S = 10.0
+WAIT_REPORT_S = 20.0
+
 #: Seconds a round's refresh waits for new nodes' answers (later ones: next round).
 REJOIN_WAIT_S = 1.0
 #: Seconds past the round's deadline that a reply already announced may take to
@@ -166,24 +172,38 @@ class FlowerTransport(Transport):
         self._rejoining: dict[str, int] = {}  # rejoin query's message id -> node asked
         self._sent_to: dict[str, int] = {}  # last exchange: message id -> the node it went to
         self._reply_wait: dict[int, float] = {}  # last exchange: node id -> seconds to its reply
+        # The handshake sent to nodes while the others were awaited: message id -> node,
+        # and the answers in so far by message id (wait_for_nodes, connect).
+        self._early_asked: dict[str, int] = {}
+        self._early_replies: dict[str, Message] = {}
 
     # --- joining ----------------------------------------------------------------------
     def wait_for_nodes(self, config: RunConfig) -> list[int]:
         """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
 
-        A deployment's SuperNodes may join over minutes (``handshake-timeout``). A
-        simulation registers all of its SuperNodes at start, so once some are there and
+        A deployment's SuperNodes may join over minutes (``handshake-timeout``): each is
+        asked who it is as soon as it connects, and after ``WAIT_FIRST_REPORT_S`` seconds,
+        then every ``WAIT_REPORT_S``, the clients not seen yet are named (log and
+        ``on_waiting``, i.e. progress.json); a run that times out stops with that list.
+        A simulation registers all of its SuperNodes at start, so once some are there and
         their number has not changed for ``SIMULATION_SETTLE_S`` no more will come: a
         federation of the wrong size fails within seconds, not after the timeout.
         """
         want = config.num_clients
-        deadline = time.time() + config.handshake_timeout
+        start = time.time()
+        deadline = start + config.handshake_timeout
+        next_report = start + WAIT_FIRST_REPORT_S
         nodes = list(self.grid.get_node_ids())
         simulated = bool(nodes) and is_simulation(self.grid)  # asked again when nodes join
         changed = time.time()
         while len(nodes) < want and time.time() < deadline:
             if simulated and nodes and time.time() - changed > SIMULATION_SETTLE_S:
                 break
+            if not simulated:
+                self._ask_early(config, nodes)
+                if time.time() >= next_report:
+                    self._report_waiting(config, nodes, time.time() - start)
+                    next_report += WAIT_REPORT_S
             time.sleep(0.2)
             current = list(self.grid.get_node_ids())
             if len(current) != len(nodes):
@@ -191,8 +211,12 @@ class FlowerTransport(Transport):
                 simulated = bool(current) and is_simulation(self.grid)
             nodes = current
         if len(nodes) != want:
+            if not simulated:
+                self._ask_early(config, nodes)
+            waiting = self.waiting(config, nodes, time.time() - start)
             raise RunAborted(
-                f"the federation has {len(nodes)} SuperNodes but num-clients={want}; "
+                f"the federation has {len(nodes)} SuperNodes but num-clients={want}"
+                + (f" ({waiting['line']})" if not simulated else "") + "; "
                 f"in simulation run: flwr run .{_run_config_option(config)} "
                 f"--federation-config \"num-supernodes={want}\" (plus any other federation "
                 f"settings you passed, e.g. client-resources-num-cpus; or, until the local "
@@ -202,6 +226,62 @@ class FlowerTransport(Transport):
                 f"in deployment start {want} SuperNodes"
             )
         return nodes
+
+    def _ask_early(self, config: RunConfig, nodes: list[int]) -> None:
+        """Send the handshake to the nodes connected since the last call and take in the
+        answers already there (no waiting): who is connected is known by client id
+        while the others are awaited. ``connect`` uses these answers as its own."""
+        asked = set(self._early_asked.values())
+        new = [n for n in nodes if n not in asked]
+        if new:
+            record = to_config_record(config.client_config().to_config())
+            messages = [Message(RecordDict({"config": record}), n, "query", group_id="handshake")
+                        for n in new]
+            self._early_asked.update(self._push(messages, time.monotonic() + 30.0))
+        pending = set(self._early_asked) - set(self._early_replies)
+        if pending:
+            for reply in self.grid.pull_messages(pending):
+                self._early_replies[reply.metadata.reply_to_message_id] = reply
+
+    def waiting(self, config: RunConfig, nodes: list[int], elapsed: float) -> dict[str, Any]:
+        """Who the handshake waits for: the connected nodes, the client ids they answered
+        with, the clients not seen (``missing``: never connected, refused, or connected
+        and not answered yet) and one line saying so."""
+        seen: dict[int, int] = {}  # client id -> node
+        failed: dict[int, str] = {}  # node -> why its handshake failed (said in full later)
+        for mid, reply in self._early_replies.items():
+            node = self._early_asked[mid]
+            if node not in nodes:
+                continue
+            info = {} if reply.has_error() else dict(reply.content.get("info", {}))
+            if "partition-id" in info:
+                seen[int(cast(int, info["partition-id"]))] = node
+            else:
+                failed[node] = str(reply.error.reason) if reply.has_error() else "no client id"
+        unanswered = sorted(set(nodes) - set(seen.values()) - set(failed))
+        missing = [c for c in range(config.num_clients) if c not in seen]
+        names = ", ".join(str(c) for c in missing[:20]) + (", ..." if len(missing) > 20 else "")
+        line = (f"{len(nodes)} of {config.num_clients} SuperNodes connected after "
+                f"{elapsed:.0f} s (handshake-timeout {config.handshake_timeout:g} s); "
+                f"client{'s' if len(missing) != 1 else ''} {names} not seen"
+                + (f" ({len(unanswered)} connected node(s) not answered yet: "
+                   f"{', '.join(str(n) for n in unanswered[:5])})" if unanswered else "")
+                + (f" ({len(failed)} node(s) failed the handshake: node {min(failed)}: "
+                   f"{failed[min(failed)].splitlines()[0][:200]})" if failed else "")
+                + "; a client's SuperNode that never connects: check it runs, its TLS "
+                  "(--root-certificates, the SuperLink's address) and that its public key "
+                  "is registered (fedgraph-preflight --superlink ...)")
+        return {"elapsed_s": round(elapsed, 1), "timeout_s": config.handshake_timeout,
+                "connected": len(nodes), "want": config.num_clients,
+                "answered": {str(c): n for c, n in sorted(seen.items())},
+                "missing": missing, "unanswered_nodes": unanswered,
+                "failed_nodes": {str(n): r for n, r in sorted(failed.items())}, "line": line}
+
+    def _report_waiting(self, config: RunConfig, nodes: list[int], elapsed: float) -> None:
+        waiting = self.waiting(config, nodes, elapsed)
+        self.log(f"fedgraph-flwr: waiting for clients: {waiting['line']}")
+        if self.on_waiting is not None:
+            self.on_waiting(waiting)
 
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         """Ask each node who it is; every client loads and validates its subgraph here.
@@ -222,9 +302,10 @@ class FlowerTransport(Transport):
                 raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
                                  f"{reason}{data_root_hint(config, simulated)}")
         record = to_config_record(config.client_config().to_config())
+        early = {mid: n for mid, n in self._early_asked.items() if n in nodes}
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
-                    for node in nodes]
-        replies, missing = self.push_and_pull(messages, config.handshake_timeout)
+                    for node in nodes if node not in early.values()]
+        replies, missing = self.push_and_pull(messages, config.handshake_timeout, early=early)
         roster: dict[int, dict[str, Any]] = {}
         failed: dict[str, list[int]] = {}  # reason -> nodes
         codes: set[int] = set()
@@ -362,8 +443,8 @@ class FlowerTransport(Transport):
             return node
         return self._sent_to.get(reply.metadata.reply_to_message_id, node)
 
-    def push_and_pull(self, messages: list[Message], timeout: float
-                      ) -> tuple[list[Message], set[str]]:
+    def push_and_pull(self, messages: list[Message], timeout: float,
+                      early: dict[str, int] | None = None) -> tuple[list[Message], set[str]]:
         """Push, then pull with a short poll interval until all replies are in or
         ``timeout`` seconds have passed since the call (the pushes count too); returns
         the replies and the ids of the messages left without one.
@@ -376,16 +457,20 @@ class FlowerTransport(Transport):
         last upload ends), and the first poll waits for 70% of the last exchange's
         fastest reply, at most 1 s (no reply comes much sooner; earlier polls only add
         requests). A message not pushed before the deadline is not pushed at all.
+        ``early``: messages pushed before (the handshake's, by :meth:`_ask_early`), message
+        id -> node, whose replies are collected with the rest.
         """
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout
-        self._sent_to = self._push(messages, deadline)  # message id -> the node it went to
-        pending = set(self._sent_to)
+        early = early or {}
+        answered = [self._early_replies[mid] for mid in early if mid in self._early_replies]
+        self._sent_to = {**early, **self._push(messages, deadline)}  # message id -> its node
+        pending = set(self._sent_to) - {m.metadata.reply_to_message_id for m in answered}
         first_poll = min(FIRST_POLL_FRACTION * self._fastest_reply, FIRST_POLL_MAX, timeout)
         self._reply_wait = {}  # node id -> seconds until its reply came
-        replies = self._pull(pending, deadline, first_poll, t0)
+        replies = answered + self._pull(pending, deadline, first_poll, t0)
         pending -= {msg.metadata.reply_to_message_id for msg in replies}
-        unsent = len(messages) - len(self._sent_to)
+        unsent = len(messages) + len(early) - len(self._sent_to)
         pending |= {f"unsent-{i}" for i in range(unsent)}
         return replies, pending
 

@@ -24,6 +24,17 @@ from .contract import peak_rss_mib
 from .recorder import Recorder, RoundLog
 
 
+def write_waiting(config: RunConfig, waiting: dict[str, Any]) -> Path:
+    """progress.json while the handshake waits for clients (before any round): who is
+    connected, which clients are not seen yet (:meth:`.FlowerTransport.waiting`)."""
+    path = Path(config.output_dir).expanduser() / config.run_name / "progress.json"
+    payload = json.dumps({"run-name": config.run_name, "algorithm": config.algorithm,
+                          "dataset": config.dataset, "round": 0, "rounds": config.rounds,
+                          "finished": False, "waiting_for_clients": waiting}, indent=1).encode()
+    atomic_write(path, lambda fh: fh.write(payload))
+    return path
+
+
 class RunRecorder:
     """Records one run and writes its files under ``<output-dir>/<run-name>``."""
 
@@ -44,6 +55,9 @@ class RunRecorder:
         # Set by the federation: the dp guarantee so far (None: dp=off).
         self.privacy_summary: Callable[[], dict[str, Any]] | None = None
         self.stop_reason: str | None = None  # why the run ended before its last round
+        # Each resume from the checkpoint (by hand, or fedgraph-run's restart of a run
+        # whose ServerApp died): after which round, when, and the seconds run before it.
+        self.resumes: list[dict[str, Any]] = []
 
     @property
     def rounds(self) -> list[RoundLog]:
@@ -97,8 +111,10 @@ class RunRecorder:
                 "held_mean_test": held[record.round][1]}
 
     def ending(self) -> dict[str, Any]:
-        """The dp guarantee and an early stop's reason, where there are any."""
+        """The dp guarantee, an early stop's reason and the resumes, where there are any."""
         out: dict[str, Any] = {}
+        if self.resumes:
+            out["resumes"] = self.resumes
         if self.privacy_summary is not None:
             out["dp"] = self.privacy_summary()
         if self.stop_reason:
@@ -172,6 +188,7 @@ class RunRecorder:
             "diagnostics": {n: list(v) for n, v in self.diagnostics.items()},
             "precompute_json": json.dumps(self.precompute, default=float),
             "elapsed": self.wall_time(),
+            "resumes_json": json.dumps(self.resumes),
         }, background=background)
 
     def load_checkpoint(self) -> dict[str, Any]:
@@ -182,6 +199,10 @@ class RunRecorder:
         self.precompute = json.loads(state.get("precompute_json", "{}"))
         self.elapsed_before_resume = float(state["elapsed"])
         self.started = time.time()
+        self.resumes = json.loads(state.get("resumes_json", "[]")) + [{
+            "after_round": int(state["round"]),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+            "elapsed_before_s": self.elapsed_before_resume}]
         return state
 
     def wait(self) -> None:

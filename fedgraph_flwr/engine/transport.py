@@ -12,6 +12,7 @@ same numbers through either.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,10 @@ class Exchange:
 
 class Transport(ABC):
     """Moves one phase's requests to clients and their replies back."""
+
+    #: Called, where the transport can tell, with who the handshake still waits for (a
+    #: dict with a one-line ``line``); the driver writes it to progress.json.
+    on_waiting: Callable[[dict[str, Any]], None] | None = None
 
     @abstractmethod
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
