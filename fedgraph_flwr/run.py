@@ -149,14 +149,11 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def app_config_keys(app: Path) -> set[str] | None:
-    """The run-config keys the app declares (``[tool.flwr.app.config]`` of its
-    ``pyproject.toml``), read without importing the project; None if unreadable."""
-    try:
-        project = tomllib.loads((app / "pyproject.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    table = project.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-    return set(_flatten(table)) if isinstance(table, Mapping) else None
+    """The run-config keys the app declares; None if unreadable."""
+    from .config import app_config_defaults  # the config module only: no torch
+
+    defaults = app_config_defaults(app)
+    return None if defaults is None else set(defaults)
 
 
 def federation_size(options: dict[str, list[str]]) -> int | None:

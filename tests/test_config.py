@@ -27,7 +27,7 @@ def test_defaults_resolve():
     "overrides, fragment",
     [
         ({"no-such-key": 1}, "unknown config key 'no-such-key'; valid keys:"),
-        ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; valid:"),
+        ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; did you mean"),
         ({"dataset": "Kora"}, "unknown dataset 'Kora'"),
         ({"partition": "random"}, "partition='random' is not a valid choice: must be one of metis,"),
         ({"rounds": 0}, "rounds=0 is out of range: must be >= 1"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -22,7 +22,6 @@ from ..config import RunConfig
 from ..core.phases import Phase
 from .accelerate import bound_reply_pulls
 from .contract import ERROR_DATA_ROOT, missing_dataset
-from .driver import RunAborted
 from .recorder import nbytes
 from .records import (
     content_arrays,
@@ -33,7 +32,7 @@ from .records import (
     to_config_record,
 )
 from .roster import fact_problem
-from .transport import ClientReply, ClientRequest, Exchange, Transport
+from .transport import ClientReply, ClientRequest, Exchange, RunAborted, Transport
 
 #: In simulation, seconds the SuperNode count must hold still before it is taken as final.
 SIMULATION_SETTLE_S = 3.0
@@ -92,9 +91,9 @@ def data_root_hint(config: RunConfig, simulated: bool) -> str:
     return (f". A local simulation runs with the environment the local SuperLink had when it "
             f"started: a FEDGRAPH_DATA_ROOT exported since is not seen. Fix: flwr run . {fix} "
             f"(fedgraph-run passes $FEDGRAPH_DATA_ROOT on by itself), or restart the local "
-            f"SuperLink with the variable set (stop only yours: pkill -u \"$(id -u)\" -f "
-            f"\"[f]lower-superlink .*--log-file ${{FLWR_HOME:-$HOME/.flwr}}/local-superlink/"
-            f"superlink.log\"; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
+            f"SuperLink with the variable set (find yours: pgrep -u \"$(id -u)\" -a -f "
+            f"\"[f]lower-superlink .*${{FLWR_HOME:-$HOME/.flwr}}/local-superlink/\"; kill that "
+            f"PID; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
 
 
 def nodes_note(resources: list[dict[str, Any]]) -> str | None:
@@ -134,7 +133,23 @@ def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | 
             f"--client-resources-num-cpus {fix})")
 
 
-def _run_config_option(config: RunConfig, **changes: Any) -> str:
+class FederationShape(Protocol):
+    """What :meth:`FlowerTransport.wait_for_nodes` reads of a run: a :class:`RunConfig`, or
+    the ServerApp's :class:`~fedgraph_flwr.config.FederationPreview` before it is resolved."""
+
+    @property
+    def num_clients(self) -> int:
+        """``num-clients``: the SuperNodes wanted."""
+
+    @property
+    def handshake_timeout(self) -> float:
+        """``handshake-timeout``: seconds to wait for them."""
+
+    def run_config_text(self, **changes: Any) -> str:
+        """The ``--run-config`` text of the run, ``changes`` applied (for the printed fix)."""
+
+
+def _run_config_option(config: FederationShape, **changes: Any) -> str:
     """`` --run-config "..."`` giving this run's settings (``changes`` applied), or ''."""
     text = config.run_config_text(**changes)
     return f' --run-config "{text}"' if text else ""
@@ -166,9 +181,10 @@ class FlowerTransport(Transport):
         self._rejoining: dict[str, int] = {}  # rejoin query's message id -> node asked
         self._sent_to: dict[str, int] = {}  # last exchange: message id -> the node it went to
         self._reply_wait: dict[int, float] = {}  # last exchange: node id -> seconds to its reply
+        self._data_checked = False  # a simulation's dataset was found (check_simulated_data)
 
     # --- joining ----------------------------------------------------------------------
-    def wait_for_nodes(self, config: RunConfig) -> list[int]:
+    def wait_for_nodes(self, config: FederationShape) -> list[int]:
         """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
 
         A deployment's SuperNodes may join over minutes (``handshake-timeout``). A
@@ -203,6 +219,18 @@ class FlowerTransport(Transport):
             )
         return nodes
 
+    def check_simulated_data(self, config: RunConfig, clients: int) -> None:
+        """A simulation's ClientApps run with this process's environment and files: a
+        dataset missing here is missing for all of them, said now rather than after Ray
+        has started them all (fetched first where ``download`` is on). Checked once."""
+        if self._data_checked:
+            return
+        reason = missing_dataset(config, fetch=True)
+        if reason:
+            raise RunAborted(f"the {clients} simulated clients cannot load their data: "
+                             f"{reason}{data_root_hint(config, True)}")
+        self._data_checked = True
+
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         """Ask each node who it is; every client loads and validates its subgraph here.
 
@@ -214,13 +242,7 @@ class FlowerTransport(Transport):
         nodes = self.wait_for_nodes(config)
         simulated = is_simulation(self.grid)
         if simulated:
-            # A simulation's ClientApps run with this process's environment and files: a
-            # dataset missing here is missing for all of them, said now rather than after
-            # Ray has started them all.
-            reason = missing_dataset(config, fetch=True)
-            if reason:
-                raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
-                                 f"{reason}{data_root_hint(config, simulated)}")
+            self.check_simulated_data(config, len(nodes))
         record = to_config_record(config.client_config().to_config())
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")
                     for node in nodes]
