@@ -9,6 +9,8 @@ import pytest
 
 from fedgraph_flwr.config import ConfigError, all_defaults, resolve_config
 
+pytestmark = pytest.mark.smoke  # the fast tier: README's Test, .ci/run's first step
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -295,6 +295,7 @@ def test_local_superlink_is_read_from_the_flower_config(tmp_path):
     ("algorithm='fedavg' fedaux-sigma=2", "fedaux-sigma is an option of fedaux"),
     ("config-file='configs/nope.yaml'", "does not exist"),
 ])
+@pytest.mark.smoke
 def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run_config, words,
                                                                                 capsys):
     """No SuperLink is needed: the check runs before ``flwr run`` and names the key."""
@@ -304,6 +305,7 @@ def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run
     assert err.startswith(fedgraph_run.ERROR_LINE) and words in err and "\n" not in err
 
 
+@pytest.mark.smoke
 def test_fedgraph_run_checks_the_federation_size_and_the_data_root_before_submitting(
         tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))  # no config.toml: the local SuperLink
@@ -505,6 +507,7 @@ def test_the_local_superlink_is_read_from_flowers_config_file(tmp_path, monkeypa
 
 
 # --- plain `flwr run`: the ServerApp's checks before any method is imported (#81) --------
+@pytest.mark.smoke
 def test_algorithm_names_are_case_insensitive_and_a_typo_gets_the_closest(tmp_path):
     from fedgraph_flwr.config import ConfigError
 
@@ -513,6 +516,7 @@ def test_algorithm_names_are_case_insensitive_and_a_typo_gets_the_closest(tmp_pa
         resolve_config(None, {"algorithm": "FedIIHH"})
 
 
+@pytest.mark.smoke
 def test_a_missing_config_file_names_its_base_and_the_closest_file(tmp_path, monkeypatch):
     from fedgraph_flwr.config import ConfigError
 
@@ -528,6 +532,7 @@ def test_a_missing_config_file_names_its_base_and_the_closest_file(tmp_path, mon
         resolve_config(None, {"config-file": "/no-such-folder-here/x.yaml"})
 
 
+@pytest.mark.smoke
 def test_an_offline_data_root_error_says_how_to_fix_it(tmp_path):
     config = resolve_config(None, {"data-root": str(tmp_path), "download": False})
     reason = missing_dataset(config, fetch=True)
@@ -541,6 +546,7 @@ def test_an_offline_data_root_error_says_how_to_fix_it(tmp_path):
     assert "download=false" not in (missing_dataset(online, fetch=False) or "")
 
 
+@pytest.mark.smoke
 def test_only_the_keys_the_user_changed_are_resolved():
     from fedgraph_flwr.config import app_config_defaults
     from fedgraph_flwr.engine.server_app import changed_keys
@@ -587,6 +593,7 @@ print(json.dumps({"said": said, "torch": "torch" in sys.modules}))
 """
 
 
+@pytest.mark.smoke
 def test_a_simulations_size_and_names_are_checked_before_torch_is_imported():
     """What plain `flwr run` gets wrong most (the federation's size, a name, a file) is
     said before the ServerApp imports torch, PyG or any method: seconds, not the minute
