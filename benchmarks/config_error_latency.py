@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,10 +49,15 @@ FEDERATION = "num-supernodes=10 client-resources-num-cpus=1"  # README's
 COMMANDS = ("flwr run", "fedgraph-run")
 
 
+#: How each command is run: fedgraph-run as a module, so that this checkout's code runs
+#: (the console script imports wherever the project was installed from).
+ARGV = {"flwr run": ["flwr", "run"], "fedgraph-run": [sys.executable, "-m", "fedgraph_flwr.run"]}
+
+
 def timed_run(run_config: str, env: dict[str, str], timeout: float, command: str = "flwr run"
               ) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.Popen([*command.split(), ".", "--run-config", run_config, "--stream",
+    proc = subprocess.Popen([*ARGV[command], ".", "--run-config", run_config, "--stream",
                              "--federation-config", FEDERATION],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -594,12 +594,18 @@ class FederationPreview:
     explicit: Mapping[str, Any]
 
     @classmethod
-    def of(cls, explicit: Mapping[str, Any]) -> FederationPreview | None:
-        """From the keys the user set; a missing or bad ``config-file`` or an unknown
-        algorithm raises its ConfigError (all read without importing a method); None
-        where a value is not a plain number (resolve_config says why)."""
+    def of(cls, explicit: Mapping[str, Any], known: Mapping[str, Any] | None = None
+           ) -> FederationPreview | None:
+        """From the keys the user set; a missing or bad ``config-file``, a key of the file
+        not in ``known`` (every key with its default: the app's declared run config) or an
+        unknown algorithm raises its ConfigError (all read without importing a method);
+        None where a value is not a plain number (resolve_config says why)."""
         common = common_defaults()
-        from_file = load_yaml(explicit["config-file"]) if explicit.get("config-file") else {}
+        config_file = explicit.get("config-file")
+        from_file = load_yaml(config_file) if config_file else {}
+        unknown = [key for key in from_file if known is not None and key not in known]
+        if unknown and known is not None:
+            raise ConfigError(f"config-file {config_file}: {_unknown_key(unknown[0], known)}")
 
         def value(key: str) -> Any:
             return explicit.get(key, from_file.get(key, common[key]))

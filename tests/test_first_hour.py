@@ -672,3 +672,17 @@ def test_plain_flwr_run_says_a_config_error_and_ends_before_any_clientapp(tmp_pa
     runs = json.loads(ls[ls.find("{"):])["runs"]
     assert len(runs) == 2 and all(run["status"] == "finished:failed" for run in runs), shown
     print(f"\nplain flwr run, config errors: size {size['s']:.1f}s, name {name['s']:.1f}s (rc 0, failed)")
+
+
+@pytest.mark.smoke
+def test_a_config_files_unknown_key_is_named_from_the_declared_keys(tmp_path):
+    """With the app's declared keys, a misspelt key in a config-file is named without
+    importing every method for their keys."""
+    from fedgraph_flwr.config import ConfigError, FederationPreview, app_config_defaults
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("algorithm: fedaux\nfedaux-sigmaa: 2\n")
+    with pytest.raises(ConfigError) as err:
+        FederationPreview.of({"config-file": str(typo)}, app_config_defaults(ROOT))
+    assert str(err.value) == (f"config-file {typo}: unknown config key 'fedaux-sigmaa'; "
+                              f"did you mean 'fedaux-sigma'?")

@@ -64,7 +64,7 @@ def check_before_clients(grid: Grid, run_config: Mapping[str, Any],
     simulated = in_flower_simulation_process() or is_simulation(grid)
     if declared is not None:  # same result: run_config's other keys are at their defaults
         explicit = {**changed_keys(run_config, declared), **(overrides or {})}
-        preview = FederationPreview.of(explicit)
+        preview = FederationPreview.of(explicit, declared)
         if simulated and preview is not None:
             transport.wait_for_nodes(preview)  # the size, before torch: seconds sooner
         if clientapp_ref and in_flower_simulation_process():
