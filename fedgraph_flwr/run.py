@@ -185,16 +185,21 @@ def config_error(args: Sequence[str]) -> str | None:
         close = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(keys))}"
         return f"{ERROR_LINE}unknown config key {unknown[0]!r}{hint}"
-    from .config import ConfigError, resolve_config  # torch-heavy: only now
+    from .config import ConfigError, FederationPreview, app_config_defaults, resolve_config
 
     if isinstance(values.get("config-file"), str) and values["config-file"]:
         path = Path(values["config-file"]).expanduser()
         values["config-file"] = str(path if path.is_absolute() else app / path)
+    size = federation_size(options)
     try:
-        config = resolve_config(None, values)
+        # Names, the config file and its keys, and the size first: no method (torch) imported.
+        preview = FederationPreview.of(values, app_config_defaults(app))
+        if size is not None and preview is not None and size != preview.num_clients:
+            return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
+                    f"num-clients={preview.num_clients}; make them equal")
+        config = resolve_config(None, values)  # imports the chosen method: seconds
     except ConfigError as exc:
         return f"{ERROR_LINE}{exc}"
-    size = federation_size(options)
     if size is not None and size != config.num_clients:
         return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
                 f"num-clients={config.num_clients}; make them equal")
