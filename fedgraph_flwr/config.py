@@ -447,8 +447,10 @@ class RunConfig(ServerSettings, ClientConfig):
     def run_config_text(self, **changes: Any) -> str:
         """The ``--run-config`` text that gives this run (every key not at its default,
         ``changes`` applied), e.g. ``algorithm='fedaux' num-clients=20``: for printed fixes,
-        so that a command run as printed keeps the user's own settings."""
-        defaults = all_defaults()
+        so that a command run as printed keeps the user's own settings. Only this run's
+        method is looked at (its keys and the common ones are all a RunConfig holds): no
+        other method is imported, so a fix is printed within seconds of the start."""
+        defaults = {**common_defaults(), **get_algorithm(self.algorithm).config_defaults}
         values = {**self.to_config(), **changes}
         if values["run-name"] == self.replace(run_name="").resolved_run_name:
             del values["run-name"]  # the name the server derives: let it derive it again
@@ -519,11 +521,68 @@ def app_config_defaults() -> dict[str, Any]:
     return {key: value for key, value in all_defaults().items() if key not in switches}
 
 
+def declared_app_config(app: Path) -> dict[str, Any] | None:
+    """The run-config keys a Flower app declares with their defaults (``[tool.flwr.app.config]``
+    of ``app/pyproject.toml``, nested tables flattened with dots as Flower does), read
+    without importing any method; None if unreadable."""
+    import tomllib
+
+    try:
+        project = tomllib.loads((app / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    table = project.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    return flatten_table(table) if isinstance(table, Mapping) else None
+
+
+def flatten_table(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table's leaves as ``{"a.b": value}``, as Flower flattens a run config."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        flat.update(flatten_table(value, name) if isinstance(value, Mapping) else {name: value})
+    return flat
+
+
+#: How many entries, and how many folders deep, :func:`missing_file_message` looks at, at most.
+CLOSEST_FILE_SCAN = 5000
+CLOSEST_FILE_DEPTH = 3
+
+
+def missing_file_message(path: Path) -> str:
+    """One line for a ``config-file`` that is not there: the folder a relative path was
+    resolved against and the closest existing YAML file, from the deepest folder of the
+    path that exists (``configs/fediih/cora-disjont-10.yaml``: ``configs/fediih/cora-disjoint-10.yaml``)."""
+    base = Path.cwd()
+    absolute = path if path.is_absolute() else base / path
+    where = "" if path.is_absolute() else f" (relative to {base})"
+    folder = absolute.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    candidates: list[str] = []
+    seen = 0
+    # Not from the file system's root: nothing there is like a project's config file.
+    for top, dirs, files in os.walk(folder) if folder != folder.parent else ():
+        depth = len(Path(top).relative_to(folder).parts) if Path(top).is_relative_to(folder) else 0
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < CLOSEST_FILE_DEPTH else []
+        seen += len(files) + len(dirs)
+        for name in files:
+            if name.endswith((".yaml", ".yml")):
+                found = Path(top) / name
+                relative = not path.is_absolute() and found.is_relative_to(base)
+                candidates.append(str(found.relative_to(base) if relative else found))
+        if seen > CLOSEST_FILE_SCAN:
+            break
+    close = difflib.get_close_matches(str(path), candidates, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; no YAML file like it under {folder}"
+    return f"config-file {str(path)!r} does not exist{where}{hint}"
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a flat YAML mapping of run-config keys."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"config-file {str(p)!r} does not exist")
+        raise ConfigError(missing_file_message(p))
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -563,7 +622,8 @@ def resolve_config(
             _default_of(key, known, f"config-file {config_file}: ")
             from_file[key] = value
     merged = {**common, **from_file, **explicit}  # the method's keys missing here: defaults
-    algorithm = get_algorithm_or_fail(str(merged["algorithm"]))
+    merged["algorithm"] = canonical_algorithm(str(merged["algorithm"]))
+    algorithm = get_algorithm_or_fail(merged["algorithm"])
     for where, keys in ((f"config-file {config_file}: ", from_file), ("", explicit)):
         for key in keys:
             owner = None if key in common else ALGORITHMS.owner_of(key)
@@ -571,6 +631,50 @@ def resolve_config(
                 raise ConfigError(f"{where}{key} is an option of {owner}, not of "
                                   f"algorithm={algorithm.name}")
     return RunConfig.from_config(merged)
+
+
+@dataclass(frozen=True)
+class FederationPreview:
+    """What the ServerApp checks of a simulated federation before the run config is
+    resolved (resolving imports the chosen method, torch and PyG: seconds on a loaded
+    machine): ``num-clients`` and ``handshake-timeout`` as :func:`resolve_config` will
+    merge them, and the keys the user set, for the printed fix."""
+
+    num_clients: int
+    handshake_timeout: float
+    explicit: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, explicit: Mapping[str, Any], known: Mapping[str, Any] | None = None
+           ) -> FederationPreview | None:
+        """From the keys the user set; a missing or bad ``config-file``, a key of the file
+        not in ``known`` (every key with its default: the app's declared run config) or an
+        unknown algorithm raises its ConfigError (all read without importing a method);
+        None where a value is not a plain number (resolve_config says why)."""
+        common = common_defaults()
+        config_file = explicit.get("config-file")
+        from_file = load_yaml(config_file) if config_file else {}
+        unknown = [key for key in from_file if known is not None and key not in known]
+        if unknown and known is not None:
+            raise ConfigError(f"config-file {config_file}: {_unknown_key(unknown[0], known)}")
+
+        def value(key: str) -> Any:
+            return explicit.get(key, from_file.get(key, common[key]))
+
+        canonical_algorithm(str(value("algorithm")))
+        clients, timeout = value("num-clients"), value("handshake-timeout")
+        if isinstance(clients, bool) or not isinstance(clients, int) \
+                or isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            return None
+        return cls(clients, float(timeout), dict(explicit))
+
+    def run_config_text(self, **changes: Any) -> str:
+        """The ``--run-config`` text of the user's keys, ``changes`` applied (as
+        :meth:`RunConfig.run_config_text`, with the keys as the user wrote them)."""
+        values = {**self.explicit, **changes}
+        common = common_defaults()
+        return " ".join(f"{key}={_run_config_value(value)}" for key, value in values.items()
+                        if key not in common or common[key] != value)
 
 
 def _default_of(key: str, known: dict[str, Any], where: str) -> Any:
@@ -609,6 +713,19 @@ def _check_partition_dir(folder: str, num_clients: int) -> None:
             f"num-clients={num_clients}: set num-clients={len(ids)} or point partition-dir "
             f"at a folder of client_0..client_{num_clients - 1}"
         )
+
+
+def canonical_algorithm(name: str) -> str:
+    """The registered algorithm ``name`` stands for, in any case (``FedIIH``: ``fediih``,
+    as the papers and the docs' prose write it), or a ConfigError with the closest name."""
+    if name in ALGORITHMS:
+        return name
+    by_lower = {registered.lower(): registered for registered in ALGORITHMS}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    hint = f"did you mean {by_lower[close[0]]!r}? " if close else ""
+    raise ConfigError(f"unknown algorithm {name!r}; {hint}valid: {', '.join(sorted(ALGORITHMS))}")
 
 
 def get_algorithm_or_fail(name: str) -> Algorithm:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
+import re
 from collections.abc import Iterable
 from html import escape
 from pathlib import Path
@@ -78,9 +80,43 @@ def figure(data: bytes, caption: str) -> str:
             f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
-def card(label: str, value: str, note: str = "", main: bool = False) -> str:
+def card(label: str, value: str, note: str = "", main: bool = False, protocol: str = "") -> str:
+    """One headline card; ``protocol`` names the evaluation protocol the figure comes from,
+    linked to its definition on the page (:func:`protocols_block`)."""
+    link = (f'<div class="note">protocol: <a href="#protocol-{escape(protocol)}">'
+            f"{escape(protocol)}</a></div>" if protocol else "")
     return (f'<div class="card{" main" if main else ""}"><div class="label">{escape(label)}</div>'
-            f'<div class="value">{escape(value)}</div><div class="note">{escape(note)}</div></div>')
+            f'<div class="value">{escape(value)}</div><div class="note">{escape(note)}</div>{link}</div>')
+
+
+#: Where the evaluation protocols are documented, from the project's root.
+PROTOCOLS_DOC = Path("docs") / "running.md"
+PROTOCOLS_ANCHOR = "evaluation-protocol"
+
+
+def protocol_definitions() -> dict[str, str]:
+    """Each evaluation protocol's definition, read from the bullets of
+    ``engine/protocols.py``'s docstring (one text, not a copy kept here)."""
+    from .engine import protocols
+
+    bullets = re.finditer(r"^- ``(\w+)``: (.*?)(?=^- ``|^\S|\Z)", protocols.__doc__ or "", re.M | re.S)
+    return {m[1]: " ".join(m[2].split()) for m in bullets}
+
+
+def protocols_block(run_dir: Path) -> str:
+    """The protocols the headline cards link to, and the page that documents them: a
+    relative link where this run's folder sits inside a checkout of the project (docs/
+    is not in the Flower app bundle), else its path in the repository."""
+    docs = next((parent / PROTOCOLS_DOC for parent in Path(run_dir).resolve().parents
+                 if (parent / PROTOCOLS_DOC).is_file()), None)
+    if docs is not None:
+        href = quote(os.path.relpath(docs, Path(run_dir).resolve())) + f"#{PROTOCOLS_ANCHOR}"
+        where = f'<a href="{escape(href)}">{escape(str(PROTOCOLS_DOC))}, Evaluation protocol</a>'
+    else:
+        where = f"the project's {escape(str(PROTOCOLS_DOC))}, section Evaluation protocol"
+    items = "".join(f'<li id="protocol-{escape(name)}"><b>{escape(name)}</b>: {escape(text)}</li>'
+                    for name, text in protocol_definitions().items())
+    return f"<ul>{items}</ul><p class=muted>More: {where}.</p>"
 
 
 def table(header: list[str], rows: Iterable[list[str]], left: int = 1, raw: bool = False) -> str:
@@ -134,20 +170,21 @@ def headline_cards(results: dict[str, Any]) -> str:
             else f"the held models of the {evaluated} of {total} clients ever sampled")
     cards = [
         card(f"test {metric} @ best val (%)", pct(final.get("test_at_best_val")),
-             f"mean over {over}, at the round of best mean val", main=True),
+             f"mean over {over}, at the round of best mean val", main=True, protocol="held"),
         card("best round", str(final.get("best_round") or "–"),
-             f"of {n}; val there {pct(final.get('val_at_best_val'))} %"),
+             f"of {n}; val there {pct(final.get('val_at_best_val'))} %", protocol="held"),
         card("per-client best-val test (%)", pct(final.get("per_client_best_val_test")),
-             "each client at its own best-val round, then the mean"),
+             "each client at its own best-val round, then the mean", protocol="held"),
     ]
     if math.isfinite(_num(final.get("pooled_test_at_best_val_loss"))):
         cards += [
             card("pooled test @ lowest val loss (%)", pct(final["pooled_test_at_best_val_loss"]),
-                 f"FedSpray's protocol, round {final.get('pooled_best_round')}"),
+                 f"FedSpray's protocol, round {final.get('pooled_best_round')}", protocol="pooled"),
             card("pooled minority / majority (%)",
                  f"{pct(final.get('pooled_minority_at_best_val_loss'))} / "
                  f"{pct(final.get('pooled_majority_at_best_val_loss'))}",
-                 "same round; minority: label not the client's majority training class"),
+                 "same round; minority: label not the client's majority training class",
+                 protocol="pooled"),
         ]
     sent, received = _num(final.get("total_bytes_sent")), _num(final.get("total_bytes_received"))
     cards += [
@@ -317,8 +354,21 @@ def run_report_html(results: dict[str, Any], run_dir: Path) -> str:
         parts.append("<div class=pair>" + "".join(
             figure(p.read_bytes(), f"{p.stem.removeprefix('heatmap_')}: last round with data, "
                    "clients by partition id") for p in heatmaps) + "</div>")
-    parts.append("<h2>Config</h2>" + config_block(config))
+    parts.append("<h2>Evaluation protocols</h2>" + protocols_block(run_dir))
+    parts.append("<h2>Config</h2>" + data_root_line(results) + config_block(config))
     return page(f"{title} — {config.get('run-name')}", "".join(parts))
+
+
+def data_root_line(results: dict[str, Any]) -> str:
+    """The data root the run read (recorded by the server: ``data-root`` is often "" in
+    the config, the root then coming from FEDGRAPH_DATA_ROOT or the default)."""
+    used = results.get("data_root")
+    if not isinstance(used, dict) or not used.get("path"):
+        return ""
+    return (f"<p>data root used: <code>{escape(str(used['path']))}</code> "
+            f"<span class=muted>({escape(str(used.get('source', '')))}; as the server resolved it: "
+            f"a simulation's clients share it, each SuperNode of a deployment resolves its own)"
+            f"</span></p>")
 
 
 def write_run_report(results: dict[str, Any], out: Path) -> Path:

@@ -166,14 +166,11 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def app_config_keys(app: Path) -> set[str] | None:
-    """The run-config keys the app declares (``[tool.flwr.app.config]`` of its
-    ``pyproject.toml``), read without importing the project; None if unreadable."""
-    try:
-        project = tomllib.loads((app / "pyproject.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return None
-    table = project.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-    return set(_flatten(table)) if isinstance(table, Mapping) else None
+    """The run-config keys the app declares; None if unreadable."""
+    from .config import declared_app_config  # the config module only: no torch
+
+    defaults = declared_app_config(app)
+    return None if defaults is None else set(defaults)
 
 
 def federation_size(options: dict[str, list[str]]) -> int | None:
@@ -224,16 +221,21 @@ def config_error(args: Sequence[str]) -> str | None:
         close = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(keys))}"
         return f"{ERROR_LINE}unknown config key {unknown[0]!r}{hint}"
-    from .config import ConfigError, resolve_config  # torch-heavy: only now
+    from .config import ConfigError, FederationPreview, declared_app_config, resolve_config
 
     if isinstance(values.get("config-file"), str) and values["config-file"]:
         path = Path(values["config-file"]).expanduser()
         values["config-file"] = str(path if path.is_absolute() else app / path)
+    size = federation_size(options)
     try:
-        config = resolve_config(None, values)
+        # Names, the config file and its keys, and the size first: no method (torch) imported.
+        preview = FederationPreview.of(values, declared_app_config(app))
+        if size is not None and preview is not None and size != preview.num_clients:
+            return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
+                    f"num-clients={preview.num_clients}; make them equal")
+        config = resolve_config(None, values)  # imports the chosen method: seconds
     except ConfigError as exc:
         return f"{ERROR_LINE}{exc}"
-    size = federation_size(options)
     if size is not None and size != config.num_clients:
         return (f"{ERROR_LINE}--federation-config sets num-supernodes={size} but "
                 f"num-clients={config.num_clients}; make them equal")

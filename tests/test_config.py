@@ -10,6 +10,8 @@ import pytest
 from fedgraph_flwr.config import ConfigError, all_defaults, app_config_defaults, resolve_config
 from fedgraph_flwr.core.registry import ALGORITHMS
 
+pytestmark = pytest.mark.smoke  # the fast tier: README's Test, .ci/run's first step
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +33,7 @@ def test_defaults_resolve():
     "overrides, fragment",
     [
         ({"no-such-key": 1}, "unknown config key 'no-such-key'; valid keys:"),
-        ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; valid:"),
+        ({"algorithm": "fedsgd"}, "unknown algorithm 'fedsgd'; did you mean"),
         ({"dataset": "Kora"}, "unknown dataset 'Kora'"),
         ({"partition": "random"}, "partition='random' is not a valid choice: must be one of metis,"),
         ({"rounds": 0}, "rounds=0 is out of range: must be >= 1"),

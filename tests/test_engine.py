@@ -48,6 +48,7 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_inprocess_is_deterministic(tmp_path, synthetic_root):
     cfg = {"algorithm": "fedavg", "dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
            "data-root": str(synthetic_root), "output-dir": str(tmp_path)}
@@ -133,6 +134,7 @@ def test_inprocess_is_deterministic_with_threaded_scatter(tmp_path, data_root):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_local_never_uploads_and_differs_from_fedavg(tmp_path, synthetic_root):
     cfg = {"dataset": "SBM", "num-clients": 3, "rounds": 3, "hidden": 16,
            "data-root": str(synthetic_root), "output-dir": str(tmp_path)}

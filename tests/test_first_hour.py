@@ -139,8 +139,9 @@ def test_a_data_root_that_reached_no_client_is_one_line_with_the_fix(monkeypatch
     assert "environment the local SuperLink had when it started" in message
     assert "a FEDGRAPH_DATA_ROOT exported since is not seen" in message
     assert "--run-config \"data-root='/path/to/datasets'\"" in message
-    assert 'pkill -u "$(id -u)" -f "[f]lower-superlink .*--log-file' in message
-    assert "export FEDGRAPH_DATA_ROOT=" in message and "pkill -f flower-superlink" not in message
+    assert ('pgrep -u "$(id -u)" -a -f "[f]lower-superlink .*${FLWR_HOME:-$HOME/.flwr}/'
+            'local-superlink/"; kill that PID') in message
+    assert "export FEDGRAPH_DATA_ROOT=" in message and "pkill" not in message
 
 
 def test_data_root_hint_only_where_it_applies(monkeypatch):
@@ -297,6 +298,7 @@ def test_local_superlink_is_read_from_the_flower_config(tmp_path):
     ("algorithm='fggp' fggp-flavour='openfgl'",
      "fggp-flavour is a switch of fggp-reproduce (docs/methods/fggp.md), not in"),
 ])
+@pytest.mark.smoke
 def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run_config, words,
                                                                                 capsys):
     """No SuperLink is needed: the check runs before ``flwr run`` and names the key."""
@@ -306,6 +308,7 @@ def test_fedgraph_run_refuses_a_bad_run_config_in_one_line_before_submitting(run
     assert err.startswith(fedgraph_run.ERROR_LINE) and words in err and "\n" not in err
 
 
+@pytest.mark.smoke
 def test_fedgraph_run_checks_the_federation_size_and_the_data_root_before_submitting(
         tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))  # no config.toml: the local SuperLink
@@ -484,7 +487,8 @@ def test_data_root_exported_after_the_superlink_started(tmp_path):
     flwr = results["flwr"]
     assert flwr["rc"] == 0, shown  # Flower's own exit status says nothing
     assert "the 2 simulated clients cannot load their data: DataRootError" in flwr["out"], shown
-    assert 'pkill -u "$(id -u)" -f "[f]lower-superlink' in flwr["out"], shown
+    assert 'pgrep -u "$(id -u)" -a -f "[f]lower-superlink' in flwr["out"], shown
+    assert "pkill" not in flwr["out"], shown
     ours = results["ours"]
     assert ours["rc"] == 0, shown
     assert f"FEDGRAPH_DATA_ROOT passed on as --run-config data-root={data}" in ours["out"], shown
@@ -503,3 +507,185 @@ def test_the_local_superlink_is_read_from_flowers_config_file(tmp_path, monkeypa
         '[superlink.prod]\naddress = "10.0.0.1:9093"\n')
     assert not is_local_superlink(None)  # the default is prod
     assert is_local_superlink("local") and not is_local_superlink("prod")
+
+
+# --- plain `flwr run`: the ServerApp's checks before any method is imported (#81) --------
+@pytest.mark.smoke
+def test_algorithm_names_are_case_insensitive_and_a_typo_gets_the_closest(tmp_path):
+    from fedgraph_flwr.config import ConfigError
+
+    assert resolve_config(None, {"algorithm": "FedIIH"}).algorithm == "fediih"
+    with pytest.raises(ConfigError, match=r"^unknown algorithm 'FedIIHH'; did you mean 'fediih'\? valid: "):
+        resolve_config(None, {"algorithm": "FedIIHH"})
+
+
+@pytest.mark.smoke
+def test_a_missing_config_file_names_its_base_and_the_closest_file(tmp_path, monkeypatch):
+    from fedgraph_flwr.config import ConfigError
+
+    (tmp_path / "configs" / "fediih").mkdir(parents=True)
+    (tmp_path / "configs" / "fediih" / "cora-disjoint-10.yaml").write_text("rounds: 2\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        resolve_config(None, {"config-file": "configs/fediih/cora-disjont-10.yaml"})
+    assert str(err.value) == (f"config-file 'configs/fediih/cora-disjont-10.yaml' does not exist "
+                              f"(relative to {tmp_path}); did you mean "
+                              f"'configs/fediih/cora-disjoint-10.yaml'?")
+    with pytest.raises(ConfigError, match=r"no YAML file like it under /$"):
+        resolve_config(None, {"config-file": "/no-such-folder-here/x.yaml"})
+
+
+@pytest.mark.smoke
+def test_an_offline_data_root_error_says_how_to_fix_it(tmp_path):
+    config = resolve_config(None, {"data-root": str(tmp_path), "download": False})
+    reason = missing_dataset(config, fetch=True)
+    assert reason.startswith(f"DataRootError: dataset 'Cora' is not available under {tmp_path}: "
+                             "missing Cora/raw/ind.cora.x")
+    assert (f"download=false: copy the dataset's raw files (PyG's layout, as named above) into "
+            f"{tmp_path}/Cora/raw/, or point data-root (or FEDGRAPH_DATA_ROOT") in reason
+    assert "\n" not in reason
+    online = resolve_config(None, {"data-root": str(tmp_path), "download": True,
+                                   "download-url": "http://127.0.0.1:9/"})
+    assert "download=false" not in (missing_dataset(online, fetch=False) or "")
+
+
+@pytest.mark.smoke
+def test_only_the_keys_the_user_changed_are_resolved():
+    from fedgraph_flwr.config import declared_app_config
+    from fedgraph_flwr.engine.server_app import changed_keys
+
+    declared = declared_app_config(ROOT)
+    assert declared is not None and declared["algorithm"] == "fedaux" and "fediih-mode" in declared
+    flower_run_config = dict(declared, rounds=3, **{"fediih-mode": declared["fediih-mode"]})
+    assert changed_keys(flower_run_config, declared) == {"rounds": 3}
+
+
+def test_federation_preview_reads_the_config_file_and_prints_the_users_keys(tmp_path):
+    from fedgraph_flwr.config import ConfigError, FederationPreview
+
+    file = tmp_path / "run.yaml"
+    file.write_text("num-clients: 20\nalgorithm: fedavg\n")
+    preview = FederationPreview.of({"config-file": str(file), "rounds": 3})
+    assert preview.num_clients == 20 and preview.handshake_timeout == 600.0
+    assert preview.run_config_text(**{"num-clients": 10}) == f"config-file='{file}' rounds=3"
+    assert FederationPreview.of({"num-clients": "ten"}) is None  # resolve_config says why
+    with pytest.raises(ConfigError, match="did you mean 'fediih'"):
+        FederationPreview.of({"algorithm": "FedIHH"})
+
+
+CHECK_WITHOUT_TORCH = """
+import sys, json
+from types import SimpleNamespace
+from pathlib import Path
+from fedgraph_flwr.config import ConfigError, declared_app_config
+from fedgraph_flwr.engine.server_app import check_before_clients
+from fedgraph_flwr.engine.transport import RunAborted
+
+class Grid:  # a simulation's grid: ten nodes that never heartbeat
+    def get_node_ids(self): return list(range(1, 11))
+    def get_nodes(self): return [SimpleNamespace(node_id=n, heartbeat_interval=1e300) for n in range(1, 11)]
+
+declared = declared_app_config(Path(sys.argv[1]))
+said = []
+for change in json.loads(sys.argv[2]):
+    try:
+        check_before_clients(Grid(), dict(declared, **change), None, declared)
+    except (ConfigError, RunAborted) as exc:
+        said.append(str(exc))
+print(json.dumps({"said": said, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.smoke
+def test_a_simulations_size_and_names_are_checked_before_torch_is_imported():
+    """What plain `flwr run` gets wrong most (the federation's size, a name, a file) is
+    said before the ServerApp imports torch, PyG or any method: seconds, not the minute
+    that importing them beside the ClientApp takes on a loaded machine."""
+    changes = [{"num-clients": 5, "rounds": 3}, {"algorithm": "FedIHH"},
+               {"config-file": "configs/fediih/cora-disjont-10.yaml"}]
+    out = subprocess.run([sys.executable, "-c", CHECK_WITHOUT_TORCH, str(ROOT), json.dumps(changes)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not result["torch"]
+    size, name, file = result["said"]
+    assert size.startswith("the federation has 10 SuperNodes but num-clients=5; in simulation run: "
+                           "flwr run . --run-config \"num-clients=5 rounds=3\" "
+                           "--federation-config \"num-supernodes=5\"")
+    assert "did you mean 'fediih'" in name
+    assert "did you mean 'configs/fediih/cora-disjoint-10.yaml'" in file
+
+
+def test_the_simulation_is_stopped_only_from_flowers_simulation_process():
+    """The ServerApp ends the process (Flower's SIGTERM handler) only where Flower
+    registered one and runs the ServerApp beside its main thread: never in a test's or
+    a runner's process, nor on a deployment's ServerApp main thread."""
+    import threading
+
+    from fedgraph_flwr.engine.server_app import in_flower_simulation_process
+
+    assert not in_flower_simulation_process()
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(in_flower_simulation_process()))
+    thread.start()
+    thread.join()
+    assert seen == [False]  # pytest's SIGTERM handler is not Flower's
+
+
+def test_wait_for_clientapp_returns_once_the_module_has_its_app(monkeypatch):
+    import types
+
+    from fedgraph_flwr.engine.server_app import wait_for_clientapp
+
+    module = types.ModuleType("some_client_app")
+    monkeypatch.setitem(sys.modules, "some_client_app", module)
+    assert not wait_for_clientapp("some_client_app:app", timeout=0.2)  # still importing
+    module.app = object()
+    assert wait_for_clientapp("some_client_app:app", timeout=5.0)
+
+
+@pytest.mark.simulation
+@pytest.mark.slow
+@needs_unshare
+def test_plain_flwr_run_says_a_config_error_and_ends_before_any_clientapp(tmp_path):
+    """Plain `flwr run` (not fedgraph-run): a wrong federation size and an unknown
+    algorithm are one line each from the ServerApp, and the simulation process ends at
+    once (no traceback, no Ray actor); the SuperLink records the run as failed."""
+    federation = "--federation-config 'num-supernodes=2 client-resources-num-cpus=1'"
+    output = tmp_path / "outputs"
+    steps = [
+        ("size", f"flwr run . --run-config \"{SBM.replace('num-clients=2', 'num-clients=3')} "
+                 f"output-dir='{output}'\" {federation} --stream"),
+        ("name", f"flwr run . --run-config \"{SBM} algorithm='FedAVGG' output-dir='{output}'\" "
+                 f"{federation} --stream"),
+        ("ls", "flwr ls --format json"),
+    ]
+    results = _in_namespace(tmp_path, steps)
+    shown = _show(results)
+    size, name = results["size"], results["name"]
+    assert size["out"].count("fedgraph-flwr: error: the federation has 2 SuperNodes but "
+                             "num-clients=3") == 1, shown
+    assert name["out"].count("fedgraph-flwr: error: unknown algorithm 'FedAVGG'; did you mean "
+                             "'fedavg'?") == 1, shown
+    for step in (size, name):
+        assert step["rc"] == 0, shown  # Flower's own exit status: the app cannot change it
+        assert "Traceback" not in step["out"] and "ClientAppActor" not in step["out"], shown
+        assert "fedgraph-flwr: stopping the simulation now" in step["out"], shown
+    ls = results["ls"]["out"]
+    runs = json.loads(ls[ls.find("{"):])["runs"]
+    assert len(runs) == 2 and all(run["status"] == "finished:failed" for run in runs), shown
+    print(f"\nplain flwr run, config errors: size {size['s']:.1f}s, name {name['s']:.1f}s (rc 0, failed)")
+
+
+@pytest.mark.smoke
+def test_a_config_files_unknown_key_is_named_from_the_declared_keys(tmp_path):
+    """With the app's declared keys, a misspelt key in a config-file is named without
+    importing every method for their keys."""
+    from fedgraph_flwr.config import ConfigError, FederationPreview, declared_app_config
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("algorithm: fedaux\nfedaux-sigmaa: 2\n")
+    with pytest.raises(ConfigError) as err:
+        FederationPreview.of({"config-file": str(typo)}, declared_app_config(ROOT))
+    assert str(err.value) == (f"config-file {typo}: unknown config key 'fedaux-sigmaa'; "
+                              f"did you mean 'fedaux-sigma'?")

@@ -14,6 +14,8 @@ from fedgraph_flwr.engine.transport import ClientReply
 
 from helpers import contract_metrics
 
+pytestmark = pytest.mark.smoke  # the fast tier: README's Test, .ci/run's first step
+
 NUM_FEATURES, NUM_CLASSES = 6, 3
 TRAIN = 10  # every client's num-train at the handshake
 

@@ -249,6 +249,7 @@ def graph() -> dict[str, set[str]]:
     return import_graph(ROOT)
 
 
+@pytest.mark.smoke
 def test_no_import_cycle(graph):
     assert cycles(graph) == []
 
@@ -257,15 +258,18 @@ def test_every_module_has_a_layer(graph):
     assert sorted(m for m in graph if m != PACKAGE and layer_of(m) is None) == []
 
 
+@pytest.mark.smoke
 def test_no_upward_arrow(graph):
     assert upward_arrows(graph) == KNOWN_UPWARD
 
 
+@pytest.mark.smoke
 def test_core_imports_nothing_of_ours_but_core(graph):
     core = under(graph, "core")
     assert sorted(f"{m} -> {t}" for m in core for t in graph[m] if t not in core) == []
 
 
+@pytest.mark.smoke
 def test_no_engine_module_reaches_a_method_or_a_model(graph):
     assert engine_reaches_methods_or_models(graph) == []
 
@@ -274,10 +278,12 @@ def test_no_method_imports_the_engine(graph):
     assert side_violations(graph, under(graph, "algorithms"), under(graph, "engine")) == []
 
 
+@pytest.mark.smoke
 def test_server_side_never_reaches_a_client_module(graph):
     assert side_violations(graph, SERVER, CLIENT) == []
 
 
+@pytest.mark.smoke
 def test_client_side_never_reaches_a_server_module(graph):
     assert side_violations(graph, CLIENT, SERVER) == []
 
@@ -375,6 +381,7 @@ def loads(graph) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+@pytest.mark.smoke
 def test_importing_the_transport_loads_no_torch_and_no_pyg(loads):
     assert not loads["transport_torch"] and not loads["transport_pyg"]
     assert not [m for m in loads["transport"] if m.startswith(f"{PACKAGE}.algorithms")]

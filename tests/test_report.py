@@ -127,3 +127,33 @@ def test_reports_render_in_headless_chromium(tiny_run, tiny_grid, tmp_path):
             colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
         # A blank page is one colour; text, tables and figures give thousands.
         assert colours is not None and len(colours) > 100, f"{page} rendered nearly blank"
+
+
+@pytest.mark.smoke
+def test_headline_cards_name_their_protocol_and_the_data_root_used_is_shown(tmp_path, monkeypatch):
+    """Each headline card says which evaluation protocol it is, linked to its definition
+    on the page (taken from engine/protocols.py) and to the docs where the run sits in a
+    checkout; the page shows the data root the run read, also when the config's
+    data-root is "" and the root came from FEDGRAPH_DATA_ROOT."""
+    from fedgraph_flwr.report import protocol_definitions
+
+    data = tmp_path / "datasets"
+    monkeypatch.setenv("FEDGRAPH_DATA_ROOT", str(data))
+    checkout = tmp_path / "checkout"
+    (checkout / "docs").mkdir(parents=True)
+    (checkout / "docs" / "running.md").write_text("## Evaluation protocol\n")
+    results = run_federation({**TINY, "algorithm": "fedavg", "rounds": 1,
+                              "output-dir": str(checkout / "outputs"), "run-name": "env-root"})
+    assert results["config"]["data-root"] == ""
+    assert results["data_root"] == {"path": str(data), "source": "data root from env FEDGRAPH_DATA_ROOT"}
+    html = (checkout / "outputs" / "env-root" / "report.html").read_text()
+    assert html.count('protocol: <a href="#protocol-held">held</a>') == 3  # headline, round, per client
+    assert set(protocol_definitions()) == {"held", "pooled"}
+    for name, text in protocol_definitions().items():
+        assert f'<li id="protocol-{name}"><b>{name}</b>: ' in html and len(text) > 40
+    assert '<a href="../../docs/running.md#evaluation-protocol">' in html
+    assert f"data root used: <code>{data}</code>" in html and "env FEDGRAPH_DATA_ROOT" in html
+    assert external_references(html) == []
+    # Outside a checkout (the Flower app bundle has no docs/): the page says where, no link.
+    elsewhere = write_run_report(results, tmp_path / "elsewhere").read_text()
+    assert "docs/running.md, section Evaluation protocol" in elsewhere and "../docs" not in elsewhere

@@ -74,7 +74,22 @@ def missing_dataset(config: ClientSettings, fetch: bool = False) -> str | None:
             why = partition.unavailable_dataset(resolved)
         except DatasetNotAvailable as exc:
             why = str(exc)
-    return None if why is None else f"DataRootError: {data_root_reason(why, config)}"
+    if why is None:
+        return None
+    offline = "" if config.download else offline_fix(config)
+    return f"DataRootError: {data_root_reason(why, config)}{offline}"
+
+
+def offline_fix(config: ClientSettings) -> str:
+    """What fixes a dataset missing under ``download=false``: the raw files put where they
+    are looked for (PyG's layout), another root, or the download switched on."""
+    from ..data.datasets import get_spec  # heavy: only for a failure
+
+    folder = get_spec(config.dataset).folder
+    return (f". download=false: copy the dataset's raw files (PyG's layout, as named above) "
+            f"into {config.data_root_path / folder / 'raw'}/, or point data-root (or FEDGRAPH_DATA_ROOT, "
+            f"set before the local SuperLink starts) at a folder that has {folder}/raw/, "
+            f"or set download=true where PyG's host is reachable")
 
 
 def peak_rss_mib() -> float:

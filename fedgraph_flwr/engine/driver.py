@@ -25,7 +25,7 @@ from ..core.phases import AggregateResult, Phase
 from .federation import Federation
 from .recorder import nbytes
 from .trackers import RunTrackers, check_installed
-from .transport import ClientReply, Exchange, Transport
+from .transport import ClientReply, Exchange, RunAborted, Transport
 
 #: In a failure's reason: the client's memory guard refused (client_runtime.MemoryGuardError).
 MEMORY_GUARD = "MemoryGuardError"
@@ -34,10 +34,6 @@ MEMORY_GUARD = "MemoryGuardError"
 def out_of_memory(failures: dict[int, str]) -> bool:
     """Whether a client's memory guard refused a phase (the run then stops)."""
     return any(MEMORY_GUARD in reason for reason in failures.values())
-
-
-class RunAborted(RuntimeError):
-    """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason."""
 
 
 class RoundDriver:

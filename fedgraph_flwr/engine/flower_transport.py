@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -22,7 +22,6 @@ from ..config import RunConfig
 from ..core.phases import Phase
 from .accelerate import bound_reply_pulls
 from .contract import ERROR_DATA_ROOT, missing_dataset
-from .driver import RunAborted
 from .recorder import nbytes
 from .records import (
     content_arrays,
@@ -33,7 +32,7 @@ from .records import (
     to_config_record,
 )
 from .roster import fact_problem
-from .transport import ClientReply, ClientRequest, Exchange, Transport
+from .transport import ClientReply, ClientRequest, Exchange, RunAborted, Transport
 
 #: In simulation, seconds the SuperNode count must hold still before it is taken as final.
 SIMULATION_SETTLE_S = 3.0
@@ -98,9 +97,9 @@ def data_root_hint(config: RunConfig, simulated: bool) -> str:
     return (f". A local simulation runs with the environment the local SuperLink had when it "
             f"started: a FEDGRAPH_DATA_ROOT exported since is not seen. Fix: flwr run . {fix} "
             f"(fedgraph-run passes $FEDGRAPH_DATA_ROOT on by itself), or restart the local "
-            f"SuperLink with the variable set (stop only yours: pkill -u \"$(id -u)\" -f "
-            f"\"[f]lower-superlink .*--log-file ${{FLWR_HOME:-$HOME/.flwr}}/local-superlink/"
-            f"superlink.log\"; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
+            f"SuperLink with the variable set (find yours: pgrep -u \"$(id -u)\" -a -f "
+            f"\"[f]lower-superlink .*${{FLWR_HOME:-$HOME/.flwr}}/local-superlink/\"; kill that "
+            f"PID; export FEDGRAPH_DATA_ROOT=/path/to/datasets; flwr run .)")
 
 
 def nodes_note(resources: list[dict[str, Any]]) -> str | None:
@@ -140,7 +139,23 @@ def serialised_note(resources: list[dict[str, Any]], num_clients: int) -> str | 
             f"--client-resources-num-cpus {fix})")
 
 
-def _run_config_option(config: RunConfig, **changes: Any) -> str:
+class FederationShape(Protocol):
+    """What :meth:`FlowerTransport.wait_for_nodes` reads of a run: a :class:`RunConfig`, or
+    the ServerApp's :class:`~fedgraph_flwr.config.FederationPreview` before it is resolved."""
+
+    @property
+    def num_clients(self) -> int:
+        """``num-clients``: the SuperNodes wanted."""
+
+    @property
+    def handshake_timeout(self) -> float:
+        """``handshake-timeout``: seconds to wait for them."""
+
+    def run_config_text(self, **changes: Any) -> str:
+        """The ``--run-config`` text of the run, ``changes`` applied (for the printed fix)."""
+
+
+def _run_config_option(config: FederationShape, **changes: Any) -> str:
     """`` --run-config "..."`` giving this run's settings (``changes`` applied), or ''."""
     text = config.run_config_text(**changes)
     return f' --run-config "{text}"' if text else ""
@@ -176,9 +191,10 @@ class FlowerTransport(Transport):
         # and the answers in so far by message id (wait_for_nodes, connect).
         self._early_asked: dict[str, int] = {}
         self._early_replies: dict[str, Message] = {}
+        self._data_checked = False  # a simulation's dataset was found (check_simulated_data)
 
     # --- joining ----------------------------------------------------------------------
-    def wait_for_nodes(self, config: RunConfig) -> list[int]:
+    def wait_for_nodes(self, config: FederationShape) -> list[int]:
         """Wait until ``num-clients`` SuperNodes are connected; fail with the fix otherwise.
 
         A deployment's SuperNodes may join over minutes (``handshake-timeout``): each is
@@ -199,7 +215,7 @@ class FlowerTransport(Transport):
         while len(nodes) < want and time.time() < deadline:
             if simulated and nodes and time.time() - changed > SIMULATION_SETTLE_S:
                 break
-            if not simulated:
+            if not simulated and isinstance(config, RunConfig):  # a deployment's nodes
                 self._ask_early(config, nodes)
                 if time.time() >= next_report:
                     self._report_waiting(config, nodes, time.time() - start)
@@ -211,7 +227,7 @@ class FlowerTransport(Transport):
                 simulated = bool(current) and is_simulation(self.grid)
             nodes = current
         if len(nodes) != want:
-            if not simulated:
+            if not simulated and isinstance(config, RunConfig):
                 self._ask_early(config, nodes)
             waiting = self.waiting(config, nodes, time.time() - start)
             raise RunAborted(
@@ -243,7 +259,8 @@ class FlowerTransport(Transport):
             for reply in self.grid.pull_messages(pending):
                 self._early_replies[reply.metadata.reply_to_message_id] = reply
 
-    def waiting(self, config: RunConfig, nodes: list[int], elapsed: float) -> dict[str, Any]:
+    def waiting(self, config: FederationShape, nodes: list[int], elapsed: float
+                ) -> dict[str, Any]:
         """Who the handshake waits for: the connected nodes, the client ids they answered
         with, the clients not seen (``missing``: never connected, refused, or connected
         and not answered yet) and one line saying so."""
@@ -277,11 +294,24 @@ class FlowerTransport(Transport):
                 "missing": missing, "unanswered_nodes": unanswered,
                 "failed_nodes": {str(n): r for n, r in sorted(failed.items())}, "line": line}
 
-    def _report_waiting(self, config: RunConfig, nodes: list[int], elapsed: float) -> None:
+    def _report_waiting(self, config: FederationShape, nodes: list[int], elapsed: float
+                        ) -> None:
         waiting = self.waiting(config, nodes, elapsed)
         self.log(f"fedgraph-flwr: waiting for clients: {waiting['line']}")
         if self.on_waiting is not None:
             self.on_waiting(waiting)
+
+    def check_simulated_data(self, config: RunConfig, clients: int) -> None:
+        """A simulation's ClientApps run with this process's environment and files: a
+        dataset missing here is missing for all of them, said now rather than after Ray
+        has started them all (fetched first where ``download`` is on). Checked once."""
+        if self._data_checked:
+            return
+        reason = missing_dataset(config, fetch=True)
+        if reason:
+            raise RunAborted(f"the {clients} simulated clients cannot load their data: "
+                             f"{reason}{data_root_hint(config, True)}")
+        self._data_checked = True
 
     def connect(self, config: RunConfig) -> dict[int, dict[str, Any]]:
         """Ask each node who it is; every client loads and validates its subgraph here.
@@ -294,13 +324,7 @@ class FlowerTransport(Transport):
         nodes = self.wait_for_nodes(config)
         simulated = is_simulation(self.grid)
         if simulated:
-            # A simulation's ClientApps run with this process's environment and files: a
-            # dataset missing here is missing for all of them, said now rather than after
-            # Ray has started them all.
-            reason = missing_dataset(config, fetch=True)
-            if reason:
-                raise RunAborted(f"the {len(nodes)} simulated clients cannot load their data: "
-                                 f"{reason}{data_root_hint(config, simulated)}")
+            self.check_simulated_data(config, len(nodes))
         record = to_config_record(config.client_config().to_config())
         early = {mid: n for mid, n in self._early_asked.items() if n in nodes}
         messages = [Message(RecordDict({"config": record}), node, "query", group_id="handshake")

@@ -98,6 +98,9 @@ class RunRecorder:
             "wall_time_s": self.wall_time(),
             "server_peak_rss_mib": peak_rss_mib(),
             "final": self.final(),
+            # The root actually read: the config's data-root is "" when it came from
+            # FEDGRAPH_DATA_ROOT or the default (report.html shows this).
+            "data_root": {"path": str(self.config.data_root_path), "source": self.config.data_root_source},
         }
         if self.precompute:
             out["precompute"] = self.precompute

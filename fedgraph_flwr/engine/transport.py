@@ -20,6 +20,13 @@ from ..config import ClientConfig, RunConfig
 from ..core.phases import Arrays, Phase
 
 
+class RunAborted(RuntimeError):
+    """The run stopped on purpose (fail-fast, or an invalid federation); one-line reason.
+
+    Defined here, not in the driver, so that the ServerApp can check the federation
+    (:meth:`.flower_transport.FlowerTransport.wait_for_nodes`) before torch is imported."""
+
+
 @dataclass
 class ClientRequest:
     """What the server sends one client for one phase: its arrays and its config."""
