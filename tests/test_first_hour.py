@@ -555,8 +555,8 @@ def test_only_the_keys_the_user_changed_are_resolved():
     from fedgraph_flwr.engine.server_app import changed_keys
 
     declared = declared_app_config(ROOT)
-    assert declared is not None and declared["algorithm"] == "fedaux" and "fediih-mode" in declared
-    flower_run_config = dict(declared, rounds=3, **{"fediih-mode": declared["fediih-mode"]})
+    assert declared is not None and declared["algorithm"] == "fedaux" and "fediih-reproduce" in declared
+    flower_run_config = dict(declared, rounds=3, **{"fediih-reproduce": declared["fediih-reproduce"]})
     assert changed_keys(flower_run_config, declared) == {"rounds": 3}
 
 
