@@ -183,6 +183,10 @@ def federation_size(options: dict[str, list[str]]) -> int | None:
     return size
 
 
+#: How alike (difflib's ratio) an unknown key and a block key must be to count as a typo of it.
+TYPO_RATIO = 0.9
+
+
 def profile_switch(key: str) -> str | None:
     """Why Flower refuses ``key`` where it is a switch of a method's reproduction profile
     (kept out of pyproject's block), or None; imports that method only."""
@@ -215,10 +219,13 @@ def config_error(args: Sequence[str]) -> str | None:
     keys = app_config_keys(app)
     unknown = sorted(set(values) - keys) if keys else []
     if unknown:
-        switch = profile_switch(unknown[0])
+        # A near-exact match is a typo of a block key: said without importing the method
+        # (profile_switch imports it, seconds with torch and PyG).
+        typo = difflib.get_close_matches(unknown[0], sorted(keys), n=1, cutoff=TYPO_RATIO)
+        switch = None if typo else profile_switch(unknown[0])
         if switch:
             return f"{ERROR_LINE}{switch}"
-        close = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
+        close = typo or difflib.get_close_matches(unknown[0], sorted(keys), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(keys))}"
         return f"{ERROR_LINE}unknown config key {unknown[0]!r}{hint}"
     from .config import ConfigError, FederationPreview, declared_app_config, resolve_config

@@ -689,3 +689,15 @@ def test_a_config_files_unknown_key_is_named_from_the_declared_keys(tmp_path):
         FederationPreview.of({"config-file": str(typo)}, declared_app_config(ROOT))
     assert str(err.value) == (f"config-file {typo}: unknown config key 'fedaux-sigmaa'; "
                               f"did you mean 'fedaux-sigma'?")
+
+
+def test_a_misspelt_key_is_named_without_importing_its_method():
+    """fedgraph-run's check of ``fedaux-sigmaa``: a typo of a block key, said at once; the
+    profile-switch lookup (which imports the method: torch and PyG, seconds) is skipped."""
+    code = ("import sys; from fedgraph_flwr.run import config_error; "
+            "print(config_error(['.', '--run-config', 'fedaux-sigmaa=2'])); "
+            "print('fedgraph_flwr.algorithms.fedaux' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out[0].endswith("unknown config key 'fedaux-sigmaa'; did you mean 'fedaux-sigma'?")
+    assert out[1] == "False False"
