@@ -223,8 +223,9 @@ class Curriculum:
         with torch.no_grad():
             self.s.copy_(state["s"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.selected_count = state["selected_count"].to(self.s.device)
-        self.s_sum = state["s_sum"].to(self.s.device)
+        # copies: the counts grow in place, and the saved state may be a live trainer's
+        self.selected_count = state["selected_count"].to(self.s.device, copy=True)
+        self.s_sum = state["s_sum"].to(self.s.device, copy=True)
         self.updates = float(state["updates"])
 
 
