@@ -71,8 +71,8 @@ class CuflOptions(Options, prefix="cufl"):
 
     l1: float = option(1e-3, "L1 weight on the masks", low=0.0)
     loc_l2: float = option(1e-3, "weight of the proximal ||θ - θ_received||_2 term", low=0.0)
-    reg_grad: bool = option(True, "the L1 and proximal terms carry gradient (paper); false = the "
-                            "code's no-op (terms over detached state_dict tensors)")
+    reg_grad: bool = option(False, "false: the code's L1 and proximal terms, over detached tensors "
+                            "(no gradient); true: with gradient, as FED-PUB's paper writes them")
     proxy_nodes: int = option(100, "nodes per random proxy graph", low=1)
     proxy_graphs: int = option(5, "number of random proxy graphs", low=1)
     proxy_p: float = option(0.1, "edge probability within a proxy graph", low=0.0, high=1.0)
