@@ -6,7 +6,8 @@
 Defaults: ``algorithm=cufl`` (its ``cufl-pd-rounds`` set to ROUNDS), the comparison's
 common keys (hidden 128, lr 0.01, weight decay 1e-6, one local epoch, seed 0); JSON_KEYS
 override them (``'{"algorithm": "fedpub", "fedpub-tau": 3, "fedpub-reg-grad": false}'``).
-Prints each round's mean client test accuracy and the aggregate's metrics, then one line
+Prints each round's mean client test accuracy, the aggregate's metrics and (CUFL) the mean
+share of edges the curriculum trains on, then one line
 ``FINAL`` with the run's test at best validation and its wall time.
 """
 
@@ -39,7 +40,10 @@ def main() -> None:
     for i, record in enumerate(results["rounds"], start=1):
         clients = record["clients"].values()
         mean = 100 * sum(m["test_metric"] for m in clients) / len(clients)
-        print(i, round(mean, 2), record["aggregate"], flush=True)
+        # CUFL's clients also report the share of their edges the curriculum trains on
+        shares = [m["curriculum_edges"] for m in clients if "curriculum_edges" in m]
+        share = round(sum(shares) / len(shares), 3) if shares else None
+        print(i, round(mean, 2), record["aggregate"], "curriculum_edges", share, flush=True)
     final = results["final"]
     print("FINAL", extra, {k: final[k] for k in ("test_at_best_val", "best_round",
                                                  "per_client_best_val_test")},

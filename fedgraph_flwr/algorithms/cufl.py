@@ -1,4 +1,4 @@
-"""CUFL (Ku et al., CIKM 2025): curriculum subgraph FL with proxy-reconstruction similarity.
+"""CUFL (Kang and Park, CIKM 2025): curriculum subgraph FL with proxy-reconstruction similarity.
 
 Reading: docs/reading/cufl.md (official code Kang-Min-Ku/CUFL, config/cufl_cora.yaml).
 
