@@ -23,7 +23,7 @@ from fedgraph_flwr.engine import federation as federation_module
 from fedgraph_flwr.engine.ckks_mixing import CiphertextMixer
 from fedgraph_flwr.engine.loop import run_federation
 
-SUPPORTED = ("fedavg", "fedprox", "fedper", "fedaux", "fediih", "fedpub")
+SUPPORTED = ("fedavg", "fedprox", "fedper", "fedaux", "fediih", "fedpub", "cufl")
 NUM_FEATURES, NUM_CLASSES, K = 12, 3, 3
 
 
@@ -53,6 +53,11 @@ def updates_for(algorithm: str, seed: int = 0):
             factors = config.options.factors
             signature = {"mu": rng.normal(0, 1, (factors, 8)).astype(np.float32),
                          "logvar": rng.normal(0, 0.3, (factors, 8)).astype(np.float32)}
+        if algorithm == "cufl":  # its declared signature: proxy vector and λ
+            shapes = algo.trainer.signature_shapes(NUM_FEATURES, NUM_CLASSES,
+                                                   config.client_config())
+            signature = {"proxy-recon": rng.uniform(0, 1, shapes["proxy-recon"]).astype(np.float32),
+                         "scale": np.array([rng.uniform(3, 10)], np.float32)}
         updates[c] = ClientUpdate(arrays, signature, num_train=int(rng.integers(5, 50)))
     aggregator = algo.aggregator(config, list(range(K)), initial)
     if algorithm == "fedpub":  # what the client sends under ckks: the same computation

@@ -34,7 +34,7 @@ BUILT_IN_PACKAGE = "fedgraph_flwr.algorithms"
 BUILT_IN = (
     "fedavg", "local", "fedaux", "fedprox", "fedper", "fedpub", "gcfl", "apfl", "fediih",
     "fedspray", "fedgta", "fedstar", "fedlit", "fedgnn", "fedsage", "adafgl", "scaffold", "moon",
-    "fedproto", "fedtgp", "feddc", "fedtad", "fgssl", "fedgl", "fedgcn", "feddep", "fggp",
+    "fedproto", "fedtgp", "feddc", "fedtad", "fgssl", "fedgl", "fedgcn", "feddep", "fggp", "cufl",
 )
 
 
