@@ -235,10 +235,20 @@ def deployment_round(check: Check, algorithm: str, device: str) -> dict[str, Any
     keys = [f'device="{device}"', *args.set]
     hidden = 256  # FedAux: the defaults
     if algorithm == "fediih":  # its Cora-10 config's training keys (the files are the partition)
+        from fedgraph_flwr.config import all_defaults, app_config_defaults
+
         settings = yaml.safe_load(FEDIIH_CORA_10.read_text())
         hidden = settings.pop("hidden")
+        # A reproduction-profile switch is not in pyproject's block, so --run-config cannot
+        # carry it (Flower refuses the key); the file's are at their defaults (fediih-mode=code).
+        defaults = all_defaults()
+        switches = set(defaults) - set(app_config_defaults())
+        changed = {k: v for k, v in settings.items() if k in switches and v != defaults[k]}
+        if changed:
+            raise ValueError(f"{FEDIIH_CORA_10} sets profile switches {changed}: use a config-file")
         keys += [f"{k}={json.dumps(v)}" for k, v in settings.items()
-                 if k not in ("algorithm", "dataset", "num-clients", "partition", "rounds", "seed")]
+                 if k not in ("algorithm", "dataset", "num-clients", "partition", "rounds", "seed")
+                 and k not in switches]
     argv = ["--partitions", str(args.partitions), "--clients", str(args.clients),
             "--rounds", str(rounds), "--algorithm", algorithm, "--hidden", str(hidden),
             "--set", *keys]
