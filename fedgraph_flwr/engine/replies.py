@@ -38,6 +38,16 @@ HANDSHAKE_BOUNDS = {"num-train": "num-train", "val_count": "num-val", "test_coun
 REPLY_BOUNDS = {"test_correct": "test_count", "minority_correct": "minority_count"}
 
 
+def wrong_names(what: str, got: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+    """One line when ``got``'s names are not exactly ``expected``'s (``what``: array or
+    signature), naming up to three missing and three unexpected."""
+    if set(got) == set(expected):
+        return None
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    return f"wrong {what} names (missing {missing[:3]}, unexpected {extra[:3]})"
+
+
 class ReplyValidator:
     """The checks of one run.
 
@@ -83,16 +93,11 @@ class ReplyValidator:
 
     def _check_arrays(self, upload: Arrays, train: bool) -> str | None:
         """The plaintext schema (train), size and finiteness of every array."""
-        if train and set(upload) != set(self.schema):
-            missing = sorted(set(self.schema) - set(upload))
-            extra = sorted(set(upload) - set(self.schema))
-            return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
+        if train and (reason := wrong_names("array", upload, self.schema)):
+            return reason
         for name, arr in upload.items():
-            if not isinstance(arr, np.ndarray):
-                return f"array {name!r} is a {type(arr).__name__}, not an array"
-            if arr.nbytes > self.max_array_bytes:
-                return (f"array {name!r} is {arr.nbytes} bytes, over "
-                        f"max-array-bytes={self.max_array_bytes}")
+            if reason := self._unbounded(name, arr):
+                return reason
             if train:
                 shape, dtype = self.schema[name]
                 if arr.shape != shape:
@@ -105,22 +110,27 @@ class ReplyValidator:
                 return f"array {name!r} holds NaN or Inf"
         return None
 
+    def _unbounded(self, name: str, arr: object) -> str | None:
+        """Why one uploaded array cannot even be looked at: not an array, or over
+        ``max-array-bytes``."""
+        if not isinstance(arr, np.ndarray):
+            return f"array {name!r} is a {type(arr).__name__}, not an array"
+        if arr.nbytes > self.max_array_bytes:
+            return (f"array {name!r} is {arr.nbytes} bytes, over "
+                    f"max-array-bytes={self.max_array_bytes}")
+        return None
+
     def _check_phase_arrays(self, upload: Arrays, spec: ReplySpec) -> str | None:
         """A non-train reply: exactly the declared arrays, each of its declared dtype and
         shape (a named length the same across the reply's arrays), integers in range,
         floats finite."""
         specs = spec.arrays
-        if set(upload) != set(specs):
-            missing = sorted(set(specs) - set(upload))
-            extra = sorted(set(upload) - set(specs))
-            return f"wrong array names (missing {missing[:3]}, unexpected {extra[:3]})"
+        if reason := wrong_names("array", upload, specs):
+            return reason
         lengths: dict[str, int] = {}
         for name, arr in sorted(upload.items()):
-            if not isinstance(arr, np.ndarray):
-                return f"array {name!r} is a {type(arr).__name__}, not an array"
-            if arr.nbytes > self.max_array_bytes:
-                return (f"array {name!r} is {arr.nbytes} bytes, over "
-                        f"max-array-bytes={self.max_array_bytes}")
+            if reason := self._unbounded(name, arr):
+                return reason
             declared = specs[name]
             if arr.dtype != np.dtype(declared.dtype):
                 return f"array {name!r} has dtype {arr.dtype}, expected {declared.dtype}"
@@ -168,10 +178,8 @@ class ReplyValidator:
 
     def _check_signature(self, signature: Arrays, train: bool) -> str | None:
         """A train signature is exactly the declared names and shapes; any is finite."""
-        if train and set(signature) != set(self.signature_shapes):
-            missing = sorted(set(self.signature_shapes) - set(signature))
-            extra = sorted(set(signature) - set(self.signature_shapes))
-            return f"wrong signature names (missing {missing[:3]}, unexpected {extra[:3]})"
+        if train and (reason := wrong_names("signature", signature, self.signature_shapes)):
+            return reason
         for name, arr in signature.items():
             if train and arr.shape != self.signature_shapes[name]:
                 return (f"signature {name!r} has shape {arr.shape}, expected "
